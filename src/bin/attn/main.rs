@@ -1,0 +1,86 @@
+//! `attn`: the command-line face of candle-attention. Thin: parses, calls the library, prints.
+//! Errors go to stderr with a non-zero exit code, never a panic.
+
+mod inspect;
+mod run_mha;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(name = "attn", version, about = "Attention Is All You Need, on candle")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a block on tensors saved from PyTorch and write its outputs.
+    #[command(subcommand)]
+    Run(RunCommand),
+    /// List the tensors of a safetensors file, the parameter count and the detected layout.
+    Inspect(inspect::InspectArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum RunCommand {
+    /// torch.nn.MultiheadAttention: weights from its state_dict, inputs in torch's layout.
+    Mha(run_mha::RunMhaArgs),
+}
+
+/// Where to compute.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum DeviceArg {
+    Cpu,
+    Cuda,
+}
+
+impl DeviceArg {
+    pub fn device(self) -> anyhow::Result<candle::Device> {
+        Ok(match self {
+            DeviceArg::Cpu => candle::Device::Cpu,
+            DeviceArg::Cuda => candle::Device::new_cuda(0).map_err(|e| {
+                anyhow::anyhow!("cannot use CUDA device 0 ({e}); build with `--features cuda` on a machine with an NVIDIA GPU")
+            })?,
+        })
+    }
+}
+
+/// The compute dtype.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum DTypeArg {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl DTypeArg {
+    pub fn dtype(self) -> candle::DType {
+        match self {
+            DTypeArg::F32 => candle::DType::F32,
+            DTypeArg::F16 => candle::DType::F16,
+            DTypeArg::Bf16 => candle::DType::BF16,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    // candle attaches a backtrace to its errors when RUST_BACKTRACE is set; a user-facing error
+    // message should not carry one. (Set before any thread starts.)
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        std::env::set_var("RUST_LIB_BACKTRACE", "0");
+    }
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(RunCommand::Mha(args)) => run_mha::run(&args),
+        Command::Inspect(args) => inspect::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! # candle-attention
+//!
+//! The attention of "Attention Is All You Need" for [candle](https://github.com/huggingface/candle):
+//!
+//! ```text
+//! Attention(Q, K, V) = softmax(Q Kᵀ / sqrt(d_k)) V
+//! ```
+//!
+//! * [`scaled_dot_product_attention`] on `(batch, heads, seq, head_dim)` tensors, with every
+//!   [`Mask`] a model needs: causal (with a cache offset), boolean, additive and key padding.
+//! * [`MultiHeadAttention`], a [`candle::Module`] with everything `torch.nn.MultiheadAttention`
+//!   has, loading torch (`in_proj_weight`, `q_proj_weight`, ...) and Hugging Face
+//!   (`q_proj.weight`, ...) weights through a [`candle_nn::VarBuilder`].
+//! * [`TensorFile`] reads safetensors files, including torch's `BOOL` masks, with errors that
+//!   list what the file holds.
+//!
+//! Masks follow torch's `nn.MultiheadAttention`: in a boolean mask `true` (non-zero `U8`) means
+//! *blocked*; float masks are added to the scores. A query whose keys are all blocked gets zero
+//! attention weights (never NaN). Layout is batch first: `(batch, seq, embed)`.
+//!
+//! ## Quick start
+//!
+//! ```
+//! use candle::{DType, Device, Module, Tensor};
+//! use candle_attention::{AttentionArgs, Mask, MultiHeadAttention, MultiHeadAttentionConfig};
+//! use candle_nn::{VarBuilder, VarMap};
+//! # fn main() -> candle::Result<()> {
+//! let device = Device::Cpu;
+//! // Fresh weights (torch's initialisation); use `VarBuilder::from_mmaped_safetensors` or
+//! // `TensorFile::var_builder` to load a checkpoint instead.
+//! let varmap = VarMap::new();
+//! let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
+//! let mha = MultiHeadAttention::new(MultiHeadAttentionConfig::new(64, 8), vb.pp("self_attn"))?;
+//!
+//! let x = Tensor::randn(0f32, 1., (2, 10, 64), &device)?; // (batch, seq, embed)
+//! let y = mha.forward(&x)?; // self-attention, no mask
+//! assert_eq!(y.dims(), &[2, 10, 64]);
+//!
+//! let pad = Tensor::new(&[[0u8; 10], [0, 0, 0, 0, 0, 0, 0, 1, 1, 1]], &device)?; // true = padding
+//! let out = mha.attend(&x, &x, &x, &AttentionArgs {
+//!     mask: Mask::causal(),
+//!     key_padding: Some(&pad),
+//!     need_weights: true,
+//!     ..Default::default()
+//! })?;
+//! assert_eq!(out.weights.unwrap().dims(), &[2, 10, 10]); // averaged over heads
+//! # Ok(()) }
+//! ```
+
+pub mod mask;
+pub mod mha;
+pub mod sdpa;
+pub mod torch_io;
+pub mod weights;
+
+pub use mask::{AttentionShape, Mask};
+pub use mha::{AttentionArgs, MultiHeadAttention, MultiHeadAttentionConfig};
+pub use sdpa::{scaled_dot_product_attention, AttentionOutput, SdpaArgs};
+pub use weights::{MhaLayout, MhaWeightsInfo, TensorFile};

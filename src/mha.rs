@@ -1,0 +1,472 @@
+//! Multi-head attention (Vaswani et al., section 3.2.2), with everything
+//! `torch.nn.MultiheadAttention` has.
+//!
+//! `MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O`, `head_i = Attention(Q W_i^Q, K W_i^K,
+//! V W_i^V)`, with `d_k = d_v = embed_dim / num_heads`.
+//!
+//! Layout is batch first: inputs `(batch, seq, features)`, or `(seq, features)` unbatched.
+
+use crate::mask::{AttentionShape, Mask};
+use crate::sdpa::{scaled_dot_product_attention, AttentionOutput, SdpaArgs};
+use crate::weights::{MhaLayout, MhaWeightsInfo};
+use candle::{DType, Module, Tensor};
+use candle_nn::{Init, Linear, VarBuilder};
+
+/// The hyper-parameters of a [`MultiHeadAttention`], named as in `torch.nn.MultiheadAttention`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MultiHeadAttentionConfig {
+    /// Model size `E` (query features and output features).
+    pub embed_dim: usize,
+    /// Number of heads `h`; must divide `embed_dim`.
+    pub num_heads: usize,
+    /// Key features (defaults to `embed_dim`).
+    pub kdim: usize,
+    /// Value features (defaults to `embed_dim`).
+    pub vdim: usize,
+    /// Whether the input and output projections have biases.
+    pub bias: bool,
+    /// Learned `bias_k`/`bias_v` `(1, 1, E)` appended to the projected keys/values.
+    pub add_bias_kv: bool,
+    /// Append a zero key and value to every head (after `bias_k`/`bias_v`).
+    pub add_zero_attn: bool,
+    /// Dropout probability on the attention weights, in training mode only.
+    pub dropout: f32,
+}
+
+impl MultiHeadAttentionConfig {
+    /// `embed_dim` and `num_heads`, everything else as torch's defaults: `kdim = vdim =
+    /// embed_dim`, biases on, no `bias_kv`, no zero attention, no dropout.
+    pub fn new(embed_dim: usize, num_heads: usize) -> Self {
+        Self {
+            embed_dim,
+            num_heads,
+            kdim: embed_dim,
+            vdim: embed_dim,
+            bias: true,
+            add_bias_kv: false,
+            add_zero_attn: false,
+            dropout: 0.0,
+        }
+    }
+
+    /// The configuration the weights under one prefix describe, with `num_heads` heads (the
+    /// one thing weights do not tell).
+    pub fn from_weights(info: &MhaWeightsInfo, num_heads: usize) -> Self {
+        Self {
+            kdim: info.kdim,
+            vdim: info.vdim,
+            bias: info.bias,
+            add_bias_kv: info.add_bias_kv,
+            ..Self::new(info.embed_dim, num_heads)
+        }
+    }
+
+    /// Sets the key input size.
+    pub fn with_kdim(mut self, kdim: usize) -> Self {
+        self.kdim = kdim;
+        self
+    }
+
+    /// Sets the value input size.
+    pub fn with_vdim(mut self, vdim: usize) -> Self {
+        self.vdim = vdim;
+        self
+    }
+
+    /// Turns projection biases on or off.
+    pub fn with_bias(mut self, bias: bool) -> Self {
+        self.bias = bias;
+        self
+    }
+
+    /// Turns `bias_k`/`bias_v` on or off.
+    pub fn with_add_bias_kv(mut self, add_bias_kv: bool) -> Self {
+        self.add_bias_kv = add_bias_kv;
+        self
+    }
+
+    /// Turns the extra zero key/value on or off.
+    pub fn with_add_zero_attn(mut self, add_zero_attn: bool) -> Self {
+        self.add_zero_attn = add_zero_attn;
+        self
+    }
+
+    /// Sets the attention dropout probability (applied in training mode only).
+    pub fn with_dropout(mut self, dropout: f32) -> Self {
+        self.dropout = dropout;
+        self
+    }
+
+    /// `embed_dim / num_heads`, the size `d_k = d_v` of each head.
+    pub fn head_dim(&self) -> usize {
+        self.embed_dim.checked_div(self.num_heads).unwrap_or(0)
+    }
+
+    /// Checks the sizes: all positive, `num_heads` divides `embed_dim`, dropout in `[0, 1)`.
+    pub fn validate(&self) -> candle::Result<()> {
+        if self.num_heads == 0 {
+            candle::bail!("num_heads must be at least 1, got 0")
+        }
+        if self.embed_dim == 0 {
+            candle::bail!("embed_dim must be at least 1, got 0")
+        }
+        if self.embed_dim % self.num_heads != 0 {
+            candle::bail!(
+                "embed_dim {} is not divisible by num_heads {}: each head needs embed_dim / num_heads features",
+                self.embed_dim,
+                self.num_heads
+            )
+        }
+        if self.kdim == 0 || self.vdim == 0 {
+            candle::bail!("kdim and vdim must be at least 1, got kdim {} and vdim {}", self.kdim, self.vdim)
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            candle::bail!("dropout must be in [0, 1), got {}", self.dropout)
+        }
+        Ok(())
+    }
+}
+
+/// Options of [`MultiHeadAttention::attend`]. `Default`: no mask, no weights (averaged over
+/// heads when requested), eval mode.
+#[derive(Clone, Debug)]
+pub struct AttentionArgs<'a> {
+    /// Attention mask: causal, boolean (`true` = blocked) or additive; see [`Mask`].
+    pub mask: Mask,
+    /// Key padding mask `(batch, S)` (`(S)` for unbatched input): `U8` non-zero = padding,
+    /// or float (additive). Same as adding `Mask::key_padding` to `mask`.
+    pub key_padding: Option<&'a Tensor>,
+    /// Return the attention weights.
+    pub need_weights: bool,
+    /// Average the weights over heads (`(B, L, S)`) rather than per head (`(B, H, L, S)`).
+    pub average_weights: bool,
+    /// Training mode: applies attention dropout.
+    pub train: bool,
+}
+
+impl Default for AttentionArgs<'_> {
+    fn default() -> Self {
+        Self {
+            mask: Mask::none(),
+            key_padding: None,
+            need_weights: false,
+            average_weights: true,
+            train: false,
+        }
+    }
+}
+
+/// Multi-head attention, a [`candle::Module`] (self-attention, no mask) with
+/// [`MultiHeadAttention::attend`] for the full query/key/value call.
+#[derive(Clone, Debug)]
+pub struct MultiHeadAttention {
+    cfg: MultiHeadAttentionConfig,
+    layout: MhaLayout,
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    out_proj: Linear,
+    /// `bias_k` and `bias_v`, each `(1, 1, E)`.
+    bias_kv: Option<(Tensor, Tensor)>,
+}
+
+impl MultiHeadAttention {
+    /// Loads the projections under `vb`'s prefix, detecting the name layout (torch fused,
+    /// torch separate or Hugging Face; see [`crate::weights`]).
+    ///
+    /// The weights must agree with `cfg`: shapes are checked (errors give both shapes), and
+    /// biases or `bias_k`/`bias_v` present in the file but off in `cfg` (or the reverse) are an
+    /// error rather than silently ignored.
+    pub fn load(cfg: MultiHeadAttentionConfig, vb: VarBuilder) -> candle::Result<Self> {
+        cfg.validate()?;
+        let prefix = vb.prefix();
+        let layout = MhaLayout::detect(|n| vb.contains_tensor(n)).ok_or_else(|| {
+            // Ask the backend for the tensor anyway: ours lists what exists under the prefix.
+            let detail = match vb.get_unchecked("in_proj_weight") {
+                Err(e) => e.to_string(),
+                Ok(_) => String::new(),
+            };
+            candle::Error::Msg(format!("{}; {detail}", MhaLayout::not_found_message(&prefix)))
+        })?;
+        let present_bias = match layout {
+            MhaLayout::TorchFused | MhaLayout::TorchSeparate => vb.contains_tensor("in_proj_bias"),
+            MhaLayout::HuggingFace => vb.contains_tensor("q_proj.bias"),
+        } || vb.contains_tensor("out_proj.bias");
+        if present_bias != cfg.bias {
+            candle::bail!(
+                "weights under '{prefix}' {} projection biases but the config says bias = {}",
+                if present_bias { "have" } else { "have no" },
+                cfg.bias
+            )
+        }
+        let present_bias_kv = vb.contains_tensor("bias_k") || vb.contains_tensor("bias_v");
+        if present_bias_kv != cfg.add_bias_kv {
+            candle::bail!(
+                "weights under '{prefix}' {} bias_k/bias_v but the config says add_bias_kv = {}",
+                if present_bias_kv { "have" } else { "have no" },
+                cfg.add_bias_kv
+            )
+        }
+        Self::build(cfg, layout, vb, false)
+    }
+
+    /// Fresh weights for training, initialised as torch does: xavier-uniform input projections,
+    /// zero biases, `out_proj.weight` uniform in `±1/sqrt(E)`, xavier-normal `bias_k`/`bias_v`.
+    /// Tensors are named in torch's layout (fused unless `kdim`/`vdim` differ from
+    /// `embed_dim`), so a trained `VarMap` saves as a torch state dict. With a `VarBuilder`
+    /// over a `VarMap` the tensors become trainable variables.
+    pub fn new(cfg: MultiHeadAttentionConfig, vb: VarBuilder) -> candle::Result<Self> {
+        cfg.validate()?;
+        let layout = if cfg.kdim == cfg.embed_dim && cfg.vdim == cfg.embed_dim {
+            MhaLayout::TorchFused
+        } else {
+            MhaLayout::TorchSeparate
+        };
+        Self::build(cfg, layout, vb, true)
+    }
+
+    /// Reads every tensor of `layout` from `vb`; when `fresh`, passes torch's initialisation as
+    /// hints so that a `VarMap`-backed builder creates them.
+    fn build(
+        cfg: MultiHeadAttentionConfig,
+        layout: MhaLayout,
+        vb: VarBuilder,
+        fresh: bool,
+    ) -> candle::Result<Self> {
+        let e = cfg.embed_dim;
+        let xavier = |fan_out: usize, fan_in: usize| {
+            let bound = (6.0 / (fan_in + fan_out) as f64).sqrt();
+            Init::Uniform { lo: -bound, up: bound }
+        };
+        let get = |shape: (usize, usize), name: &str, hint: Init| -> candle::Result<Tensor> {
+            if fresh {
+                vb.get_with_hints(shape, name, hint)
+            } else {
+                vb.get(shape, name)
+            }
+        };
+        let get_vec = |len: usize, name: &str| -> candle::Result<Tensor> {
+            if fresh {
+                vb.get_with_hints(len, name, Init::Const(0.0))
+            } else {
+                vb.get(len, name)
+            }
+        };
+        let (q_w, k_w, v_w) = match layout {
+            MhaLayout::TorchFused => {
+                if cfg.kdim != e || cfg.vdim != e {
+                    candle::bail!(
+                        "fused in_proj_weight under '{}' needs kdim = vdim = embed_dim = {e}, config has kdim {} and vdim {}",
+                        vb.prefix(),
+                        cfg.kdim,
+                        cfg.vdim
+                    )
+                }
+                let w = get((3 * e, e), "in_proj_weight", xavier(3 * e, e))?;
+                (w.narrow(0, 0, e)?, w.narrow(0, e, e)?, w.narrow(0, 2 * e, e)?)
+            }
+            MhaLayout::TorchSeparate => (
+                get((e, e), "q_proj_weight", xavier(e, e))?,
+                get((e, cfg.kdim), "k_proj_weight", xavier(e, cfg.kdim))?,
+                get((e, cfg.vdim), "v_proj_weight", xavier(e, cfg.vdim))?,
+            ),
+            MhaLayout::HuggingFace => (
+                get((e, e), "q_proj.weight", xavier(e, e))?,
+                get((e, cfg.kdim), "k_proj.weight", xavier(e, cfg.kdim))?,
+                get((e, cfg.vdim), "v_proj.weight", xavier(e, cfg.vdim))?,
+            ),
+        };
+        let (q_b, k_b, v_b) = if !cfg.bias {
+            (None, None, None)
+        } else {
+            match layout {
+                MhaLayout::TorchFused | MhaLayout::TorchSeparate => {
+                    let b = get_vec(3 * e, "in_proj_bias")?;
+                    (Some(b.narrow(0, 0, e)?), Some(b.narrow(0, e, e)?), Some(b.narrow(0, 2 * e, e)?))
+                }
+                MhaLayout::HuggingFace => (
+                    Some(get_vec(e, "q_proj.bias")?),
+                    Some(get_vec(e, "k_proj.bias")?),
+                    Some(get_vec(e, "v_proj.bias")?),
+                ),
+            }
+        };
+        let out_bound = 1.0 / (e as f64).sqrt();
+        let out_w = get((e, e), "out_proj.weight", Init::Uniform { lo: -out_bound, up: out_bound })?;
+        let out_b = cfg.bias.then(|| get_vec(e, "out_proj.bias")).transpose()?;
+        let bias_kv = if cfg.add_bias_kv {
+            let hint = Init::Randn { mean: 0.0, stdev: out_bound };
+            let get3 = |name: &str| -> candle::Result<Tensor> {
+                if fresh {
+                    vb.get_with_hints((1, 1, e), name, hint)
+                } else {
+                    vb.get((1, 1, e), name)
+                }
+            };
+            Some((get3("bias_k")?, get3("bias_v")?))
+        } else {
+            None
+        };
+        Ok(Self {
+            q_proj: Linear::new(q_w, q_b),
+            k_proj: Linear::new(k_w, k_b),
+            v_proj: Linear::new(v_w, v_b),
+            out_proj: Linear::new(out_w, out_b),
+            bias_kv,
+            layout,
+            cfg,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &MultiHeadAttentionConfig {
+        &self.cfg
+    }
+
+    /// The name layout the weights were loaded from (or created in).
+    pub fn layout(&self) -> MhaLayout {
+        self.layout
+    }
+
+    /// The dtype of the weights; inputs must have it.
+    pub fn dtype(&self) -> DType {
+        self.out_proj.weight().dtype()
+    }
+
+    /// Attention of `query` over `key`/`value`.
+    ///
+    /// * `query` `(B, L, E)`, `key` `(B, S, kdim)`, `value` `(B, S, vdim)`; or unbatched
+    ///   `(L, E)`, `(S, kdim)`, `(S, vdim)`. Self-attention passes the same tensor three times.
+    /// * `args`: masks (attention masks `(L, S)`, `(B * H, L, S)` or `(B | 1, H | 1, L, S)`; key
+    ///   padding `(B, S)`), whether to return weights, training mode.
+    /// * Returns `output` `(B, L, E)` (`(L, E)` unbatched) and, if requested, `weights`
+    ///   `(B, L, S')` averaged over heads or `(B, H, L, S')` per head (without `B` when
+    ///   unbatched), where `S' = S + add_bias_kv + add_zero_attn`, as torch returns them.
+    ///
+    /// A query whose keys are all masked gets zero attention weights, so its output row is
+    /// `out_proj.bias` (zero attention output, projected).
+    pub fn attend(
+        &self,
+        query: &Tensor,
+        key: &Tensor,
+        value: &Tensor,
+        args: &AttentionArgs,
+    ) -> candle::Result<AttentionOutput> {
+        let unbatched = query.rank() == 2;
+        let expected_rank = if unbatched { 2 } else { 3 };
+        for (name, t, feat) in [
+            ("query", query, self.cfg.embed_dim),
+            ("key", key, self.cfg.kdim),
+            ("value", value, self.cfg.vdim),
+        ] {
+            if t.rank() != 2 && t.rank() != 3 {
+                candle::bail!("{name} must be (batch, seq, {feat}) or unbatched (seq, {feat}), got shape {:?}", t.dims())
+            }
+            if t.rank() != expected_rank {
+                candle::bail!(
+                    "query {:?} is {} but {name} {:?} is not: all three must be batched (batch, seq, features) or all unbatched (seq, features)",
+                    query.dims(),
+                    if unbatched { "unbatched" } else { "batched" },
+                    t.dims()
+                )
+            }
+            let last = t.dim(candle::D::Minus1)?;
+            if last != feat {
+                candle::bail!(
+                    "{name} has {last} features (shape {:?}) but the layer expects {feat}",
+                    t.dims()
+                )
+            }
+            if t.dtype() != self.dtype() {
+                candle::bail!(
+                    "{name} has dtype {:?} but the layer's weights are {:?}; convert one of them with to_dtype",
+                    t.dtype(),
+                    self.dtype()
+                )
+            }
+        }
+        let batchify = |t: &Tensor| if unbatched { t.unsqueeze(0) } else { Ok(t.clone()) };
+        let (query, key, value) = (batchify(query)?, batchify(key)?, batchify(value)?);
+        let (b, l, _) = query.dims3()?;
+        let (kb, s, _) = key.dims3()?;
+        let (vb, vs, _) = value.dims3()?;
+        if kb != b || vb != b {
+            candle::bail!(
+                "query, key and value must have the same batch size: query {:?}, key {:?}, value {:?}",
+                query.dims(),
+                key.dims(),
+                value.dims()
+            )
+        }
+        if vs != s {
+            candle::bail!("key and value must have the same length: key {:?}, value {:?}", key.dims(), value.dims())
+        }
+        let h = self.cfg.num_heads;
+        let hd = self.cfg.head_dim();
+
+        let mut mask = args.mask.clone();
+        if let Some(kp) = args.key_padding {
+            let kp = if unbatched && kp.rank() == 1 { kp.unsqueeze(0)? } else { kp.clone() };
+            mask = mask.and(Mask::key_padding(kp)?);
+        }
+
+        let q = self.q_proj.forward(&query)?;
+        let mut k = self.k_proj.forward(&key)?;
+        let mut v = self.v_proj.forward(&value)?;
+        let mut extra_keys = 0;
+        if let Some((bias_k, bias_v)) = &self.bias_kv {
+            k = Tensor::cat(&[&k, &bias_k.broadcast_as((b, 1, self.cfg.embed_dim))?], 1)?;
+            v = Tensor::cat(&[&v, &bias_v.broadcast_as((b, 1, self.cfg.embed_dim))?], 1)?;
+            extra_keys += 1;
+        }
+        let heads = |t: Tensor| -> candle::Result<Tensor> {
+            let n = t.dim(1)?;
+            t.reshape((b, n, h, hd))?.transpose(1, 2)?.contiguous()
+        };
+        let q = heads(q)?;
+        let (mut k, mut v) = (heads(k)?, heads(v)?);
+        if self.cfg.add_zero_attn {
+            let zeros = Tensor::zeros((b, h, 1, hd), k.dtype(), k.device())?;
+            k = Tensor::cat(&[&k, &zeros], 2)?;
+            v = Tensor::cat(&[&v, &zeros], 2)?;
+            extra_keys += 1;
+        }
+        if extra_keys > 0 && !mask.is_none() {
+            // The appended keys are visible to every query: resolve the mask on the original
+            // keys and pad it with unblocked columns, as torch does.
+            let shape = AttentionShape { batch: b, heads: h, q_len: l, k_len: s };
+            if let Some(bias) = mask.to_bias(shape, q.device())? {
+                let pad_shape = (bias.dim(0)?, bias.dim(1)?, bias.dim(2)?, extra_keys);
+                let pad = Tensor::zeros(pad_shape, bias.dtype(), bias.device())?;
+                mask = Mask::additive(Tensor::cat(&[&bias, &pad], 3)?)?;
+            }
+        }
+        let sdpa = SdpaArgs {
+            mask,
+            scale: None,
+            need_weights: args.need_weights,
+            dropout: if args.train { self.cfg.dropout } else { 0.0 },
+        };
+        let attn = scaled_dot_product_attention(&q, &k, &v, &sdpa)?;
+        let output = attn.output.transpose(1, 2)?.reshape((b, l, self.cfg.embed_dim))?;
+        let mut output = self.out_proj.forward(&output)?;
+        let mut weights = match attn.weights {
+            Some(w) if args.average_weights => Some(w.mean(1)?),
+            w => w,
+        };
+        if unbatched {
+            output = output.squeeze(0)?;
+            weights = weights.map(|w| w.squeeze(0)).transpose()?;
+        }
+        Ok(AttentionOutput { output, weights })
+    }
+}
+
+/// Self-attention without mask, in eval mode: `xs` `(B, L, E)` or `(L, E)` → same shape.
+/// (candle's blanket `ModuleT` impl ignores its `train` flag; for attention dropout call
+/// [`MultiHeadAttention::attend`] with `train: true`.)
+impl Module for MultiHeadAttention {
+    fn forward(&self, xs: &Tensor) -> candle::Result<Tensor> {
+        Ok(self.attend(xs, xs, xs, &AttentionArgs::default())?.output)
+    }
+}

@@ -1,0 +1,139 @@
+//! Scaled dot-product attention, `softmax(Q Kᵀ · scale + mask) V` (Vaswani et al., eq. 1).
+//!
+//! [`scaled_dot_product_attention`] validates its inputs, resolves the [`Mask`] and hands the
+//! work to a kernel. Every kernel gives the same answer up to floating-point round-off;
+//! today the only one is [`naive`], which materialises the `(B, H, L, S)` score matrix, returns
+//! the attention weights and supports autograd on every candle device.
+//!
+//! ## Fully masked rows
+//! A query whose keys are all blocked (every score `-inf`) has no defined softmax. We define
+//! its attention weights as zeros and so its output row as zeros (torch gives NaN on its
+//! weights path and zeros on its fused path). Nothing here ever turns a mask into NaN.
+//!
+//! ## Precision
+//! For `f16`/`bf16` inputs, scores, softmax and the weighted sum are computed in `f32` and the
+//! result is cast back to the input dtype.
+
+pub mod naive;
+
+use crate::mask::{AttentionShape, Mask};
+use candle::Tensor;
+
+/// Options of [`scaled_dot_product_attention`]. `Default` is: no mask, scale
+/// `1 / sqrt(head_dim)`, no weights, no dropout.
+#[derive(Clone, Debug, Default)]
+pub struct SdpaArgs {
+    /// Which keys each query may attend to.
+    pub mask: Mask,
+    /// Multiplies `Q Kᵀ`; `None` means `1 / sqrt(head_dim)`.
+    pub scale: Option<f64>,
+    /// Return the attention weights `(B, H, L, S)`.
+    pub need_weights: bool,
+    /// Dropout probability applied to the attention weights (training only: pass 0 in eval).
+    pub dropout: f32,
+}
+
+/// What attention returns.
+#[derive(Clone, Debug)]
+pub struct AttentionOutput {
+    /// The attended values. For [`scaled_dot_product_attention`]: `(B, H, L, Dv)`.
+    pub output: Tensor,
+    /// The attention weights when requested. For [`scaled_dot_product_attention`]:
+    /// `(B, H, L, S)`, each row summing to 1 (0 for a fully masked row).
+    pub weights: Option<Tensor>,
+}
+
+/// Scaled dot-product attention on `(batch, heads, seq, head_dim)` tensors.
+///
+/// * `q`: `(B, H, L, D)`, `k`: `(B, H, S, D)`, `v`: `(B, H, S, Dv)`, all of one dtype
+///   (`f32`, `f64`, `f16` or `bf16`) on one device.
+/// * Returns `output` `(B, H, L, Dv)` in the input dtype and, if `args.need_weights`, the
+///   weights `(B, H, L, S)`.
+///
+/// Errors name the offending shapes when the inputs disagree, and the mask when it does not
+/// fit `(B, H, L, S)`.
+pub fn scaled_dot_product_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    args: &SdpaArgs,
+) -> candle::Result<AttentionOutput> {
+    let shape = check_qkv(q, k, v)?;
+    if !(0.0..1.0).contains(&args.dropout) {
+        candle::bail!("dropout probability must be in [0, 1), got {}", args.dropout)
+    }
+    let head_dim = q.dim(3)?;
+    let scale = match args.scale {
+        Some(s) if !s.is_finite() => candle::bail!("attention scale must be finite, got {s}"),
+        Some(s) => s,
+        None if head_dim == 0 => 1.0,
+        None => 1.0 / (head_dim as f64).sqrt(),
+    };
+    args.mask.validate(shape)?;
+    let bias = args.mask.to_bias(shape, q.device())?;
+    let (output, weights) =
+        naive::attention(q, k, v, bias.as_ref(), scale, args.dropout, args.need_weights)?;
+    Ok(AttentionOutput { output, weights })
+}
+
+/// Checks ranks, sizes, dtypes and devices of `q`, `k`, `v`; returns `(B, H, L, S)`.
+fn check_qkv(q: &Tensor, k: &Tensor, v: &Tensor) -> candle::Result<AttentionShape> {
+    for (name, t) in [("query", q), ("key", k), ("value", v)] {
+        if t.rank() != 4 {
+            candle::bail!(
+                "{name} must be (batch, heads, seq, head_dim), got shape {:?}",
+                t.dims()
+            )
+        }
+        if !t.dtype().is_float() {
+            candle::bail!("{name} must have a float dtype, got {:?}", t.dtype())
+        }
+    }
+    let (b, h, l, d) = q.dims4()?;
+    let (kb, kh, s, kd) = k.dims4()?;
+    let (vb, vh, vs, _) = v.dims4()?;
+    if (kb, kh) != (b, h) || (vb, vh) != (b, h) {
+        candle::bail!(
+            "query, key and value must agree on (batch, heads): query {:?}, key {:?}, value {:?}",
+            q.dims(),
+            k.dims(),
+            v.dims()
+        )
+    }
+    if kd != d {
+        candle::bail!(
+            "query and key must have the same head_dim: query {:?}, key {:?}",
+            q.dims(),
+            k.dims()
+        )
+    }
+    if vs != s {
+        candle::bail!(
+            "key and value must have the same sequence length: key {:?}, value {:?}",
+            k.dims(),
+            v.dims()
+        )
+    }
+    if k.dtype() != q.dtype() || v.dtype() != q.dtype() {
+        candle::bail!(
+            "query, key and value must share one dtype: {:?}, {:?}, {:?}",
+            q.dtype(),
+            k.dtype(),
+            v.dtype()
+        )
+    }
+    if !k.device().same_device(q.device()) || !v.device().same_device(q.device()) {
+        candle::bail!(
+            "query, key and value must be on one device: {:?}, {:?}, {:?}",
+            q.device().location(),
+            k.device().location(),
+            v.device().location()
+        )
+    }
+    Ok(AttentionShape {
+        batch: b,
+        heads: h,
+        q_len: l,
+        k_len: s,
+    })
+}

@@ -1,0 +1,82 @@
+//! Helpers shared by the integration tests: the fixture manifest and tensor comparison.
+#![allow(dead_code)]
+
+use candle::{DType, Tensor};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+/// `tests/fixtures/mha`.
+pub fn mha_fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mha")
+}
+
+/// One case of `tests/fixtures/mha/manifest.json` (written by `tests/fixtures/make_fixtures.py`).
+#[derive(Debug, Deserialize, Clone)]
+pub struct MhaCase {
+    pub name: String,
+    pub layout: String,
+    pub prefix: String,
+    pub embed_dim: usize,
+    pub num_heads: usize,
+    pub kdim: usize,
+    pub vdim: usize,
+    pub bias: bool,
+    pub add_bias_kv: bool,
+    pub add_zero_attn: bool,
+    pub batch_first: bool,
+    pub unbatched: bool,
+    pub causal: bool,
+    pub need_weights: bool,
+    pub average_attn_weights: bool,
+    pub dtype: String,
+    pub atol: f64,
+    pub rtol: f64,
+    pub description: String,
+}
+
+impl MhaCase {
+    pub fn file(&self, kind: &str) -> PathBuf {
+        mha_fixtures().join(format!("{}.{kind}.safetensors", self.name))
+    }
+
+    pub fn dtype(&self) -> DType {
+        match self.dtype.as_str() {
+            "f32" => DType::F32,
+            "f16" => DType::F16,
+            "bf16" => DType::BF16,
+            other => panic!("unknown dtype {other} in manifest"),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Manifest {
+    cases: Vec<MhaCase>,
+}
+
+pub fn mha_cases() -> Vec<MhaCase> {
+    let text = std::fs::read_to_string(mha_fixtures().join("manifest.json")).expect("manifest.json");
+    serde_json::from_str::<Manifest>(&text).expect("valid manifest").cases
+}
+
+/// Largest `|a - b|`, after checking shapes and the `atol + rtol * |b|` bound element-wise.
+/// Returns `Err` with the worst element when the bound is broken.
+pub fn compare(actual: &Tensor, expected: &Tensor, atol: f64, rtol: f64) -> Result<f64, String> {
+    if actual.dims() != expected.dims() {
+        return Err(format!("shape {:?} != expected {:?}", actual.dims(), expected.dims()));
+    }
+    let a: Vec<f64> = actual.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    let b: Vec<f64> = expected.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    let mut max_err = 0f64;
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        if !x.is_finite() || !y.is_finite() {
+            return Err(format!("non-finite value at {i}: got {x}, expected {y}"));
+        }
+        let err = (x - y).abs();
+        if err > atol + rtol * y.abs() {
+            return Err(format!("element {i}: got {x}, expected {y} (|diff| {err:.3e} > {atol:e} + {rtol:e}·|expected|)"));
+        }
+        max_err = max_err.max(err);
+    }
+    Ok(max_err)
+}

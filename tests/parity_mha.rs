@@ -1,0 +1,157 @@
+//! Parity with `torch.nn.MultiheadAttention` on the committed fixtures
+//! (`tests/fixtures/make_fixtures.py` regenerates them), through the library and through the
+//! `attn run mha` command. Run with `--nocapture` to print the table of max abs errors.
+
+mod common;
+
+use candle::Device;
+use candle_attention::torch_io::{run_mha, TorchMhaInputs, TorchMhaOptions};
+use candle_attention::{MhaLayout, MhaWeightsInfo, MultiHeadAttention, MultiHeadAttentionConfig, TensorFile};
+use common::{compare, mha_cases, MhaCase};
+use std::process::Command;
+
+fn options(case: &MhaCase) -> TorchMhaOptions {
+    TorchMhaOptions {
+        batch_first: case.batch_first,
+        causal: case.causal,
+        need_weights: case.need_weights,
+        average_weights: case.average_attn_weights,
+    }
+}
+
+/// Builds the configuration from the manifest (not from the weights), so that loading checks
+/// the file against what the case says it is.
+fn config(case: &MhaCase) -> MultiHeadAttentionConfig {
+    MultiHeadAttentionConfig::new(case.embed_dim, case.num_heads)
+        .with_kdim(case.kdim)
+        .with_vdim(case.vdim)
+        .with_bias(case.bias)
+        .with_add_bias_kv(case.add_bias_kv)
+        .with_add_zero_attn(case.add_zero_attn)
+}
+
+fn expected_layout(case: &MhaCase) -> MhaLayout {
+    match case.layout.as_str() {
+        "torch_fused" => MhaLayout::TorchFused,
+        "torch_separate" => MhaLayout::TorchSeparate,
+        "hf" => MhaLayout::HuggingFace,
+        other => panic!("unknown layout {other}"),
+    }
+}
+
+/// Compares `output` and `attn_weights` in `actual` with the expected file; returns the two
+/// max abs errors (weights `None` when the case has none).
+fn check_outputs(
+    case: &MhaCase,
+    output: &candle::Tensor,
+    weights: Option<&candle::Tensor>,
+) -> Result<(f64, Option<f64>), String> {
+    let expected = TensorFile::open(case.file("expected")).unwrap();
+    let exp_out = expected.load("output", &Device::Cpu).unwrap();
+    if output.dtype() != exp_out.dtype() {
+        return Err(format!("output dtype {:?}, torch's {:?}", output.dtype(), exp_out.dtype()));
+    }
+    let out_err = compare(output, &exp_out, case.atol, case.rtol).map_err(|e| format!("output: {e}"))?;
+    let w_err = match (weights, expected.contains("attn_weights")) {
+        (Some(w), true) => {
+            let exp_w = expected.load("attn_weights", &Device::Cpu).unwrap();
+            Some(compare(w, &exp_w, case.atol, case.rtol).map_err(|e| format!("attn_weights: {e}"))?)
+        }
+        (None, false) => None,
+        (w, e) => return Err(format!("weights returned: {}, expected: {e}", w.is_some())),
+    };
+    Ok((out_err, w_err))
+}
+
+#[test]
+fn library_matches_torch_on_every_fixture() {
+    let device = Device::Cpu;
+    let mut failures = Vec::new();
+    println!("{:<28} {:<6} {:>12} {:>12}  description", "case", "dtype", "output err", "weights err");
+    for case in mha_cases() {
+        let weights = TensorFile::open(case.file("weights")).unwrap();
+        let info = MhaWeightsInfo::from_file(&weights, &case.prefix).unwrap();
+        assert_eq!(info.layout, expected_layout(&case), "{}: detected layout", case.name);
+        assert_eq!(
+            MultiHeadAttentionConfig::from_weights(&info, case.num_heads).with_add_zero_attn(case.add_zero_attn),
+            config(&case),
+            "{}: configuration read from the weights",
+            case.name
+        );
+        let vb = weights.var_builder(case.dtype(), &device);
+        let vb = if case.prefix.is_empty() { vb } else { vb.pp(&case.prefix) };
+        let mha = MultiHeadAttention::load(config(&case), vb).unwrap();
+        let inputs =
+            TorchMhaInputs::from_file(&TensorFile::open(case.file("inputs")).unwrap(), case.dtype(), &device).unwrap();
+        let out = run_mha(&mha, &inputs, options(&case)).unwrap();
+        match check_outputs(&case, &out.output, out.attn_weights.as_ref()) {
+            Ok((o, w)) => println!(
+                "{:<28} {:<6} {:>12.2e} {:>12}  {}",
+                case.name,
+                case.dtype,
+                o,
+                w.map(|w| format!("{w:.2e}")).unwrap_or("-".into()),
+                case.description
+            ),
+            Err(e) => failures.push(format!("{}: {e}", case.name)),
+        }
+    }
+    assert!(failures.is_empty(), "cases off torch:\n{}", failures.join("\n"));
+}
+
+#[test]
+fn cli_run_mha_matches_torch_on_every_fixture() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for case in mha_cases() {
+        let out_path = dir.path().join(format!("{}.out.safetensors", case.name));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_attn"));
+        cmd.args(["run", "mha", "--num-heads", &case.num_heads.to_string(), "--dtype", &case.dtype])
+            .arg("--weights")
+            .arg(case.file("weights"))
+            .arg("--inputs")
+            .arg(case.file("inputs"))
+            .arg("--output")
+            .arg(&out_path);
+        if !case.prefix.is_empty() {
+            cmd.args(["--prefix", &case.prefix]);
+        }
+        for (flag, on) in [
+            ("--batch-first", case.batch_first),
+            ("--add-zero-attn", case.add_zero_attn),
+            ("--causal", case.causal),
+            ("--no-weights", !case.need_weights),
+            ("--per-head-weights", case.need_weights && !case.average_attn_weights),
+        ] {
+            if on {
+                cmd.arg(flag);
+            }
+        }
+        let result = cmd.output().unwrap();
+        if !result.status.success() {
+            failures.push(format!("{}: exit {:?}: {}", case.name, result.status, String::from_utf8_lossy(&result.stderr)));
+            continue;
+        }
+        let written = TensorFile::open(&out_path).unwrap();
+        let output = written.load("output", &Device::Cpu).unwrap();
+        let weights = written.contains("attn_weights").then(|| written.load("attn_weights", &Device::Cpu).unwrap());
+        if let Err(e) = check_outputs(&case, &output, weights.as_ref()) {
+            failures.push(format!("{}: {e}", case.name));
+        }
+    }
+    assert!(failures.is_empty(), "attn run mha off torch:\n{}", failures.join("\n"));
+}
+
+#[test]
+fn fixtures_cover_every_option() {
+    let cases = mha_cases();
+    let any = |f: fn(&MhaCase) -> bool| cases.iter().any(f);
+    assert!(any(|c| c.layout == "torch_fused") && any(|c| c.layout == "torch_separate") && any(|c| c.layout == "hf"));
+    assert!(any(|c| c.batch_first) && any(|c| !c.batch_first && !c.unbatched) && any(|c| c.unbatched));
+    assert!(any(|c| c.kdim != c.embed_dim && c.vdim != c.embed_dim));
+    assert!(any(|c| !c.bias) && any(|c| c.add_bias_kv) && any(|c| c.add_zero_attn) && any(|c| c.causal));
+    assert!(any(|c| !c.need_weights) && any(|c| c.need_weights && !c.average_attn_weights));
+    assert!(any(|c| c.embed_dim == 512 && c.num_heads == 8));
+    assert!(any(|c| c.dtype == "f16") && any(|c| c.dtype == "bf16"));
+    assert!(any(|c| !c.prefix.is_empty() && c.layout == "hf"));
+}
