@@ -37,7 +37,9 @@ pub struct AttentionShape {
 /// attention shape when the mask is resolved, because torch's 3-D layout needs `heads`.
 #[derive(Clone, Debug)]
 enum MaskTerm {
-    Causal { offset: usize },
+    Causal {
+        offset: usize,
+    },
     /// `U8`, non-zero = blocked. Rank 2, 3 or 4.
     Blocked(Tensor),
     /// Float, added to the scores. Rank 2, 3 or 4.
@@ -185,7 +187,11 @@ impl Mask {
     /// Resolves the mask to an additive `f32` bias broadcastable to `(B, H, L, S)`: its shape is
     /// `(B | 1, H | 1, L | 1, S)`, entries are `0`, `-inf` (blocked) or the sum of additive parts.
     /// Returns `None` for an empty mask. The bias lives on `device`.
-    pub fn to_bias(&self, shape: AttentionShape, device: &Device) -> candle::Result<Option<Tensor>> {
+    pub fn to_bias(
+        &self,
+        shape: AttentionShape,
+        device: &Device,
+    ) -> candle::Result<Option<Tensor>> {
         if self.terms.is_empty() {
             return Ok(None);
         }
@@ -209,14 +215,13 @@ impl Mask {
         };
         for term in &self.terms {
             match term {
-                MaskTerm::Causal { offset } => add_blocked(causal_blocked(
-                    shape.q_len,
-                    shape.k_len,
-                    *offset,
-                    device,
-                )?)?,
+                MaskTerm::Causal { offset } => {
+                    add_blocked(causal_blocked(shape.q_len, shape.k_len, *offset, device)?)?
+                }
                 MaskTerm::Blocked(t) => add_blocked(attn_mask_as_4d(t, shape)?.to_device(device)?)?,
-                MaskTerm::Additive(t) => add_additive(attn_mask_as_4d(t, shape)?.to_device(device)?)?,
+                MaskTerm::Additive(t) => {
+                    add_additive(attn_mask_as_4d(t, shape)?.to_device(device)?)?
+                }
                 MaskTerm::KeyPadding(t) => {
                     let t = key_padding_as_4d(t, shape)?.to_device(device)?;
                     if t.dtype() == DType::U8 {
@@ -246,6 +251,59 @@ impl Mask {
     }
 }
 
+/// A [`Mask`] split into the parts a fused kernel applies inside its tiles, without
+/// materialising an `(L, S)` matrix for the structured ones. Produced by [`Mask::decompose`].
+///
+/// The sum `causal + key_bias + bias` (with the causal part as `-inf` above the diagonal) is
+/// exactly what [`Mask::to_bias`] returns.
+#[derive(Clone, Debug, Default)]
+pub struct MaskParts {
+    /// Causal constraint: query `i` sees keys `0..=i + offset`. Several causal terms keep the
+    /// smallest offset (the strictest).
+    pub causal_offset: Option<usize>,
+    /// Key padding as an additive `f32` bias `(B, S)`: `0`, `-inf` for a padding key, or the
+    /// sum of float key padding masks.
+    pub key_bias: Option<Tensor>,
+    /// Every other term (boolean and additive attention masks) as an additive `f32` bias of
+    /// shape `(B | 1, H | 1, L | 1, S)`, as [`Mask::to_bias`] builds it.
+    pub bias: Option<Tensor>,
+}
+
+impl Mask {
+    /// Splits the mask into a causal offset, a per-key bias `(B, S)` and a general bias
+    /// `(B | 1, H | 1, L | 1, S)` (see [`MaskParts`]), validating it against `shape`. Tensors
+    /// are placed on `device`.
+    pub fn decompose(&self, shape: AttentionShape, device: &Device) -> candle::Result<MaskParts> {
+        self.validate(shape)?;
+        let mut parts = MaskParts::default();
+        let mut rest = Mask::none();
+        for term in &self.terms {
+            match term {
+                MaskTerm::Causal { offset } => {
+                    parts.causal_offset = Some(parts.causal_offset.map_or(*offset, |o| o.min(*offset)))
+                }
+                MaskTerm::KeyPadding(t) => {
+                    let t = t.to_device(device)?;
+                    let t = if t.dtype() == DType::U8 {
+                        let neg_inf = Tensor::new(f32::NEG_INFINITY, device)?.broadcast_as(t.shape())?;
+                        let zero = Tensor::zeros(t.shape(), DType::F32, device)?;
+                        t.ne(0u8)?.where_cond(&neg_inf, &zero)?
+                    } else {
+                        t.to_dtype(DType::F32)?
+                    };
+                    parts.key_bias = Some(match parts.key_bias.take() {
+                        None => t,
+                        Some(kb) => (kb + t)?,
+                    });
+                }
+                MaskTerm::Blocked(_) | MaskTerm::Additive(_) => rest.terms.push(term.clone()),
+            }
+        }
+        parts.bias = rest.to_bias(shape, device)?;
+        Ok(parts)
+    }
+}
+
 fn check_rank(what: &str, t: &Tensor, ranks: &[usize]) -> candle::Result<()> {
     if !ranks.contains(&t.rank()) {
         candle::bail!(
@@ -271,11 +329,17 @@ fn to_rank4(t: Tensor) -> candle::Result<Tensor> {
 }
 
 /// `(L, S)` U8 mask with 1 where key `j > i + offset`.
-fn causal_blocked(q_len: usize, k_len: usize, offset: usize, device: &Device) -> candle::Result<Tensor> {
+fn causal_blocked(
+    q_len: usize,
+    k_len: usize,
+    offset: usize,
+    device: &Device,
+) -> candle::Result<Tensor> {
     if offset.saturating_add(q_len).max(k_len) > u32::MAX as usize {
         candle::bail!("causal mask too large: offset {offset} + {q_len} queries, {k_len} keys")
     }
-    let rows = Tensor::arange(offset as u32, (offset + q_len) as u32, device)?.reshape((q_len, 1))?;
+    let rows =
+        Tensor::arange(offset as u32, (offset + q_len) as u32, device)?.reshape((q_len, 1))?;
     let cols = Tensor::arange(0u32, k_len as u32, device)?.reshape((1, k_len))?;
     cols.broadcast_gt(&rows)
 }
@@ -305,7 +369,9 @@ fn attn_mask_as_4d(t: &Tensor, s: AttentionShape) -> candle::Result<Tensor> {
         [bh, l, k] if bh == s.batch * s.heads && l == s.q_len && k == s.k_len => {
             t.reshape((s.batch, s.heads, l, k))
         }
-        [b, h, l, k] if fits(b, s.batch) && fits(h, s.heads) && fits(l, s.q_len) && k == s.k_len => {
+        [b, h, l, k]
+            if fits(b, s.batch) && fits(h, s.heads) && fits(l, s.q_len) && k == s.k_len =>
+        {
             Ok(t.clone())
         }
         _ => mismatch(),
@@ -385,8 +451,33 @@ mod tests {
         let dev = Device::Cpu;
         // (B*H = 2*2, L=1, S=2): head-specific.
         let t = Tensor::new(&[[[0u8, 1]], [[1, 0]], [[0, 0]], [[1, 1]]], &dev).unwrap();
-        let bias = Mask::boolean(t).unwrap().to_bias(shape(2, 2, 1, 2), &dev).unwrap().unwrap();
+        let bias = Mask::boolean(t)
+            .unwrap()
+            .to_bias(shape(2, 2, 1, 2), &dev)
+            .unwrap()
+            .unwrap();
         assert_eq!(bias.dims(), &[2, 2, 1, 2]);
+    }
+
+    #[test]
+    fn decomposed_parts_add_up_to_the_bias() {
+        let dev = Device::Cpu;
+        let s = shape(2, 2, 3, 4);
+        let m = Mask::causal_with_offset(1)
+            .and(Mask::boolean(Tensor::new(&[[0u8, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]], &dev).unwrap()).unwrap())
+            .and(Mask::key_padding(Tensor::new(&[[0u8, 0, 0, 1], [0, 0, 0, 0]], &dev).unwrap()).unwrap())
+            .and(Mask::key_padding(Tensor::new(&[[0.5f32, 0., 1., 0.], [0., -1., 0., 2.]], &dev).unwrap()).unwrap())
+            .and(Mask::causal_with_offset(2));
+        let parts = m.decompose(s, &dev).unwrap();
+        assert_eq!(parts.causal_offset, Some(1));
+        let full = (s.batch, s.heads, s.q_len, s.k_len);
+        let mut sum = parts.bias.unwrap().broadcast_as(full).unwrap().contiguous().unwrap();
+        let kb = parts.key_bias.unwrap().reshape((2, 1, 1, 4)).unwrap();
+        sum = sum.broadcast_add(&kb).unwrap();
+        let causal = Mask::causal_with_offset(1).to_bias(s, &dev).unwrap().unwrap();
+        sum = sum.broadcast_add(&causal).unwrap();
+        let got: Vec<f32> = sum.flatten_all().unwrap().to_vec1().unwrap();
+        assert_eq!(got, bias_vec(&m, s));
     }
 
     #[test]

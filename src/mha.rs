@@ -110,7 +110,7 @@ impl MultiHeadAttentionConfig {
         if self.embed_dim == 0 {
             candle::bail!("embed_dim must be at least 1, got 0")
         }
-        if self.embed_dim % self.num_heads != 0 {
+        if !self.embed_dim.is_multiple_of(self.num_heads) {
             candle::bail!(
                 "embed_dim {} is not divisible by num_heads {}: each head needs embed_dim / num_heads features",
                 self.embed_dim,
@@ -118,7 +118,11 @@ impl MultiHeadAttentionConfig {
             )
         }
         if self.kdim == 0 || self.vdim == 0 {
-            candle::bail!("kdim and vdim must be at least 1, got kdim {} and vdim {}", self.kdim, self.vdim)
+            candle::bail!(
+                "kdim and vdim must be at least 1, got kdim {} and vdim {}",
+                self.kdim,
+                self.vdim
+            )
         }
         if !(0.0..1.0).contains(&self.dropout) {
             candle::bail!("dropout must be in [0, 1), got {}", self.dropout)
@@ -186,7 +190,10 @@ impl MultiHeadAttention {
                 Err(e) => e.to_string(),
                 Ok(_) => String::new(),
             };
-            candle::Error::Msg(format!("{}; {detail}", MhaLayout::not_found_message(&prefix)))
+            candle::Error::Msg(format!(
+                "{}; {detail}",
+                MhaLayout::not_found_message(&prefix)
+            ))
         })?;
         let present_bias = match layout {
             MhaLayout::TorchFused | MhaLayout::TorchSeparate => vb.contains_tensor("in_proj_bias"),
@@ -236,7 +243,10 @@ impl MultiHeadAttention {
         let e = cfg.embed_dim;
         let xavier = |fan_out: usize, fan_in: usize| {
             let bound = (6.0 / (fan_in + fan_out) as f64).sqrt();
-            Init::Uniform { lo: -bound, up: bound }
+            Init::Uniform {
+                lo: -bound,
+                up: bound,
+            }
         };
         let get = |shape: (usize, usize), name: &str, hint: Init| -> candle::Result<Tensor> {
             if fresh {
@@ -263,7 +273,11 @@ impl MultiHeadAttention {
                     )
                 }
                 let w = get((3 * e, e), "in_proj_weight", xavier(3 * e, e))?;
-                (w.narrow(0, 0, e)?, w.narrow(0, e, e)?, w.narrow(0, 2 * e, e)?)
+                (
+                    w.narrow(0, 0, e)?,
+                    w.narrow(0, e, e)?,
+                    w.narrow(0, 2 * e, e)?,
+                )
             }
             MhaLayout::TorchSeparate => (
                 get((e, e), "q_proj_weight", xavier(e, e))?,
@@ -282,7 +296,11 @@ impl MultiHeadAttention {
             match layout {
                 MhaLayout::TorchFused | MhaLayout::TorchSeparate => {
                     let b = get_vec(3 * e, "in_proj_bias")?;
-                    (Some(b.narrow(0, 0, e)?), Some(b.narrow(0, e, e)?), Some(b.narrow(0, 2 * e, e)?))
+                    (
+                        Some(b.narrow(0, 0, e)?),
+                        Some(b.narrow(0, e, e)?),
+                        Some(b.narrow(0, 2 * e, e)?),
+                    )
                 }
                 MhaLayout::HuggingFace => (
                     Some(get_vec(e, "q_proj.bias")?),
@@ -292,10 +310,20 @@ impl MultiHeadAttention {
             }
         };
         let out_bound = 1.0 / (e as f64).sqrt();
-        let out_w = get((e, e), "out_proj.weight", Init::Uniform { lo: -out_bound, up: out_bound })?;
+        let out_w = get(
+            (e, e),
+            "out_proj.weight",
+            Init::Uniform {
+                lo: -out_bound,
+                up: out_bound,
+            },
+        )?;
         let out_b = cfg.bias.then(|| get_vec(e, "out_proj.bias")).transpose()?;
         let bias_kv = if cfg.add_bias_kv {
-            let hint = Init::Randn { mean: 0.0, stdev: out_bound };
+            let hint = Init::Randn {
+                mean: 0.0,
+                stdev: out_bound,
+            };
             let get3 = |name: &str| -> candle::Result<Tensor> {
                 if fresh {
                     vb.get_with_hints((1, 1, e), name, hint)
@@ -385,7 +413,13 @@ impl MultiHeadAttention {
                 )
             }
         }
-        let batchify = |t: &Tensor| if unbatched { t.unsqueeze(0) } else { Ok(t.clone()) };
+        let batchify = |t: &Tensor| {
+            if unbatched {
+                t.unsqueeze(0)
+            } else {
+                Ok(t.clone())
+            }
+        };
         let (query, key, value) = (batchify(query)?, batchify(key)?, batchify(value)?);
         let (b, l, _) = query.dims3()?;
         let (kb, s, _) = key.dims3()?;
@@ -399,14 +433,22 @@ impl MultiHeadAttention {
             )
         }
         if vs != s {
-            candle::bail!("key and value must have the same length: key {:?}, value {:?}", key.dims(), value.dims())
+            candle::bail!(
+                "key and value must have the same length: key {:?}, value {:?}",
+                key.dims(),
+                value.dims()
+            )
         }
         let h = self.cfg.num_heads;
         let hd = self.cfg.head_dim();
 
         let mut mask = args.mask.clone();
         if let Some(kp) = args.key_padding {
-            let kp = if unbatched && kp.rank() == 1 { kp.unsqueeze(0)? } else { kp.clone() };
+            let kp = if unbatched && kp.rank() == 1 {
+                kp.unsqueeze(0)?
+            } else {
+                kp.clone()
+            };
             mask = mask.and(Mask::key_padding(kp)?);
         }
 
@@ -434,7 +476,12 @@ impl MultiHeadAttention {
         if extra_keys > 0 && !mask.is_none() {
             // The appended keys are visible to every query: resolve the mask on the original
             // keys and pad it with unblocked columns, as torch does.
-            let shape = AttentionShape { batch: b, heads: h, q_len: l, k_len: s };
+            let shape = AttentionShape {
+                batch: b,
+                heads: h,
+                q_len: l,
+                k_len: s,
+            };
             if let Some(bias) = mask.to_bias(shape, q.device())? {
                 let pad_shape = (bias.dim(0)?, bias.dim(1)?, bias.dim(2)?, extra_keys);
                 let pad = Tensor::zeros(pad_shape, bias.dtype(), bias.device())?;
@@ -448,7 +495,10 @@ impl MultiHeadAttention {
             dropout: if args.train { self.cfg.dropout } else { 0.0 },
         };
         let attn = scaled_dot_product_attention(&q, &k, &v, &sdpa)?;
-        let output = attn.output.transpose(1, 2)?.reshape((b, l, self.cfg.embed_dim))?;
+        let output = attn
+            .output
+            .transpose(1, 2)?
+            .reshape((b, l, self.cfg.embed_dim))?;
         let mut output = self.out_proj.forward(&output)?;
         let mut weights = match attn.weights {
             Some(w) if args.average_weights => Some(w.mean(1)?),

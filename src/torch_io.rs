@@ -41,7 +41,11 @@ impl TorchMhaInputs {
                 "{} has no 'query' tensor (an attn run mha input file holds query and optionally \
                  key, value, attn_mask, key_padding_mask); it holds: {}",
                 file.origin(),
-                if file.names().is_empty() { "nothing".to_string() } else { file.names().join(", ") }
+                if file.names().is_empty() {
+                    "nothing".to_string()
+                } else {
+                    file.names().join(", ")
+                }
             )
         }
         let data = |name: &str| -> candle::Result<Option<Tensor>> {
@@ -50,7 +54,11 @@ impl TorchMhaInputs {
             }
             let t = file.load(name, device)?;
             if !t.dtype().is_float() {
-                candle::bail!("'{name}' in {} must be a float tensor, got {:?}", file.origin(), t.dtype())
+                candle::bail!(
+                    "'{name}' in {} must be a float tensor, got {:?}",
+                    file.origin(),
+                    t.dtype()
+                )
             }
             Ok(Some(t.to_dtype(dtype)?))
         };
@@ -146,8 +154,15 @@ pub fn run_mha(
         train: false,
     };
     let out = mha.attend(&query, &key, &value, &args)?;
-    let output = if seq_first { out.output.transpose(0, 1)?.contiguous()? } else { out.output };
-    Ok(TorchMhaOutputs { output, attn_weights: out.weights })
+    let output = if seq_first {
+        out.output.transpose(0, 1)?.contiguous()?
+    } else {
+        out.output
+    };
+    Ok(TorchMhaOutputs {
+        output,
+        attn_weights: out.weights,
+    })
 }
 
 /// Writes tensors to a safetensors file (contiguous copies, names as given).

@@ -123,7 +123,10 @@ impl TensorFile {
 
     /// Every tensor's summary, sorted by name.
     pub fn summaries(&self) -> Vec<TensorSummary> {
-        self.names().iter().filter_map(|n| self.summary(n)).collect()
+        self.names()
+            .iter()
+            .filter_map(|n| self.summary(n))
+            .collect()
     }
 
     /// Stored shape of `name`, or an error that lists the tensors under the same prefix.
@@ -138,35 +141,50 @@ impl TensorFile {
     pub fn names_under(&self, prefix: &str) -> Vec<&str> {
         self.names()
             .into_iter()
-            .filter(|n| prefix.is_empty() || n.strip_prefix(prefix).is_some_and(|r| r.starts_with('.')))
+            .filter(|n| {
+                prefix.is_empty() || n.strip_prefix(prefix).is_some_and(|r| r.starts_with('.'))
+            })
             .collect()
     }
 
-    /// The error for a missing tensor: names it, and lists what exists under its prefix (or,
-    /// when nothing does, what the file holds).
+    /// The error for a missing tensor: names it, and lists what exists under the block it
+    /// belongs to (for `a.b.k_proj.weight`, under `a.b`), or what the file holds when that
+    /// block is empty.
     pub fn not_found(&self, name: &str) -> candle::Error {
-        let prefix = name.rsplit_once('.').map(|(p, _)| p).unwrap_or("");
+        let parent = |p: &str| {
+            p.rsplit_once('.')
+                .map(|(p, _)| p.to_string())
+                .unwrap_or_default()
+        };
+        // A torch parameter `module.weight` belongs to `module`'s parent block.
+        let mut prefix = parent(name);
+        if name.ends_with(".weight") || name.ends_with(".bias") {
+            prefix = parent(&prefix);
+        }
+        while !prefix.is_empty() && self.names_under(&prefix).is_empty() {
+            prefix = parent(&prefix);
+        }
+        let prefix = prefix.as_str();
         let under = self.names_under(prefix);
         let listing = |names: &[&str]| {
             const MAX: usize = 40;
-            let mut s = names.iter().take(MAX).copied().collect::<Vec<_>>().join(", ");
+            let mut s = names
+                .iter()
+                .take(MAX)
+                .copied()
+                .collect::<Vec<_>>()
+                .join(", ");
             if names.len() > MAX {
                 s.push_str(&format!(", ... ({} more)", names.len() - MAX));
             }
             s
         };
-        let detail = if !under.is_empty() {
+        let detail = if !under.is_empty() && !prefix.is_empty() {
             format!("tensors under '{prefix}': {}", listing(&under))
         } else if self.inner.infos.is_empty() {
             "the file holds no tensor".to_string()
         } else {
-            let all = self.names();
-            let scope = if prefix.is_empty() {
-                String::new()
-            } else {
-                format!("nothing under '{prefix}'; ")
-            };
-            format!("{scope}the file holds: {}", listing(&all))
+            format!("the file holds: {}", listing(&self.names()))
         };
         candle::Error::Msg(format!(
             "tensor '{name}' not found in {}; {detail}",
@@ -176,7 +194,11 @@ impl TensorFile {
 
     /// Loads `name` onto `device` in its stored dtype. `BOOL` tensors become `U8` (0 or 1).
     pub fn load(&self, name: &str, device: &Device) -> candle::Result<Tensor> {
-        let info = self.inner.infos.get(name).ok_or_else(|| self.not_found(name))?;
+        let info = self
+            .inner
+            .infos
+            .get(name)
+            .ok_or_else(|| self.not_found(name))?;
         let (start, end) = info.data_offsets;
         let data = &self.inner.bytes[self.inner.data_start + start..self.inner.data_start + end];
         match info.dtype {
@@ -195,8 +217,9 @@ impl TensorFile {
             | StDtype::F32
             | StDtype::F64 => {
                 use candle::safetensors::Load;
-                let view = safetensors::tensor::TensorView::new(info.dtype, info.shape.clone(), data)
-                    .map_err(|e| candle::Error::Msg(format!("tensor '{name}': {e}")))?;
+                let view =
+                    safetensors::tensor::TensorView::new(info.dtype, info.shape.clone(), data)
+                        .map_err(|e| candle::Error::Msg(format!("tensor '{name}': {e}")))?;
                 view.load(device)
             }
             other => candle::bail!(
@@ -302,7 +325,9 @@ impl MhaLayout {
     pub fn not_found_message(prefix: &str) -> String {
         let looked_for = Self::MARKERS
             .iter()
-            .map(|(layout, marker)| format!("{} ({})", join_name(prefix, marker), layout.short_name()))
+            .map(|(layout, marker)| {
+                format!("{} ({})", join_name(prefix, marker), layout.short_name())
+            })
             .collect::<Vec<_>>()
             .join(", ");
         format!("no multi-head attention weights under '{prefix}': looked for {looked_for}")
@@ -353,13 +378,21 @@ impl MhaWeightsInfo {
     /// shapes agree with each other (errors name the tensors and their shapes).
     pub fn from_file(file: &TensorFile, prefix: &str) -> candle::Result<Self> {
         let name = |n: &str| join_name(prefix, n);
-        let layout = MhaLayout::detect(|n| file.contains(&name(n)))
-            .ok_or_else(|| candle::Error::Msg(format!("{}; {}", MhaLayout::not_found_message(prefix), file.not_found(&name("in_proj_weight")))))?;
+        let layout = MhaLayout::detect(|n| file.contains(&name(n))).ok_or_else(|| {
+            candle::Error::Msg(format!(
+                "{}; {}",
+                MhaLayout::not_found_message(prefix),
+                file.not_found(&name("in_proj_weight"))
+            ))
+        })?;
         let shape = |n: &str| file.shape_of(&name(n));
         let out_w = shape("out_proj.weight")?;
         let embed_dim = match out_w.as_slice() {
             [e, e2] if e == e2 => *e,
-            _ => candle::bail!("'{}' must be square (E, E), got {out_w:?}", name("out_proj.weight")),
+            _ => candle::bail!(
+                "'{}' must be square (E, E), got {out_w:?}",
+                name("out_proj.weight")
+            ),
         };
         let matrix = |n: &str, rows: usize| -> candle::Result<usize> {
             let s = shape(n)?;
@@ -387,20 +420,34 @@ impl MhaWeightsInfo {
             MhaLayout::TorchSeparate => {
                 let q = matrix("q_proj_weight", embed_dim)?;
                 if q != embed_dim {
-                    candle::bail!("'{}' must be ({embed_dim}, {embed_dim}), got [{embed_dim}, {q}]", name("q_proj_weight"))
+                    candle::bail!(
+                        "'{}' must be ({embed_dim}, {embed_dim}), got [{embed_dim}, {q}]",
+                        name("q_proj_weight")
+                    )
                 }
-                (matrix("k_proj_weight", embed_dim)?, matrix("v_proj_weight", embed_dim)?)
+                (
+                    matrix("k_proj_weight", embed_dim)?,
+                    matrix("v_proj_weight", embed_dim)?,
+                )
             }
             MhaLayout::HuggingFace => {
                 let q = matrix("q_proj.weight", embed_dim)?;
                 if q != embed_dim {
-                    candle::bail!("'{}' must be ({embed_dim}, {embed_dim}), got [{embed_dim}, {q}]", name("q_proj.weight"))
+                    candle::bail!(
+                        "'{}' must be ({embed_dim}, {embed_dim}), got [{embed_dim}, {q}]",
+                        name("q_proj.weight")
+                    )
                 }
-                (matrix("k_proj.weight", embed_dim)?, matrix("v_proj.weight", embed_dim)?)
+                (
+                    matrix("k_proj.weight", embed_dim)?,
+                    matrix("v_proj.weight", embed_dim)?,
+                )
             }
         };
         let bias = match layout {
-            MhaLayout::TorchFused | MhaLayout::TorchSeparate => file.contains(&name("in_proj_bias")),
+            MhaLayout::TorchFused | MhaLayout::TorchSeparate => {
+                file.contains(&name("in_proj_bias"))
+            }
             MhaLayout::HuggingFace => file.contains(&name("q_proj.bias")),
         };
         let add_bias_kv = file.contains(&name("bias_k"));
@@ -409,7 +456,11 @@ impl MhaWeightsInfo {
             .iter()
             .filter_map(|n| file.summary(n))
             .filter(|s| {
-                let rel = &s.name[if prefix.is_empty() { 0 } else { prefix.len() + 1 }..];
+                let rel = &s.name[if prefix.is_empty() {
+                    0
+                } else {
+                    prefix.len() + 1
+                }..];
                 MHA_TENSOR_NAMES.contains(&rel)
             })
             .map(|s| s.elem_count())
@@ -437,7 +488,9 @@ impl MhaWeightsInfo {
                     if *n == *marker {
                         Some(String::new())
                     } else {
-                        n.strip_suffix(marker)?.strip_suffix('.').map(str::to_string)
+                        n.strip_suffix(marker)?
+                            .strip_suffix('.')
+                            .map(str::to_string)
                     }
                 })
             })

@@ -6,7 +6,9 @@ mod common;
 
 use candle::Device;
 use candle_attention::torch_io::{run_mha, TorchMhaInputs, TorchMhaOptions};
-use candle_attention::{MhaLayout, MhaWeightsInfo, MultiHeadAttention, MultiHeadAttentionConfig, TensorFile};
+use candle_attention::{
+    MhaLayout, MhaWeightsInfo, MultiHeadAttention, MultiHeadAttentionConfig, TensorFile,
+};
 use common::{compare, mha_cases, MhaCase};
 use std::process::Command;
 
@@ -49,13 +51,21 @@ fn check_outputs(
     let expected = TensorFile::open(case.file("expected")).unwrap();
     let exp_out = expected.load("output", &Device::Cpu).unwrap();
     if output.dtype() != exp_out.dtype() {
-        return Err(format!("output dtype {:?}, torch's {:?}", output.dtype(), exp_out.dtype()));
+        return Err(format!(
+            "output dtype {:?}, torch's {:?}",
+            output.dtype(),
+            exp_out.dtype()
+        ));
     }
-    let out_err = compare(output, &exp_out, case.atol, case.rtol).map_err(|e| format!("output: {e}"))?;
+    let out_err =
+        compare(output, &exp_out, case.atol, case.rtol).map_err(|e| format!("output: {e}"))?;
     let w_err = match (weights, expected.contains("attn_weights")) {
         (Some(w), true) => {
             let exp_w = expected.load("attn_weights", &Device::Cpu).unwrap();
-            Some(compare(w, &exp_w, case.atol, case.rtol).map_err(|e| format!("attn_weights: {e}"))?)
+            Some(
+                compare(w, &exp_w, case.atol, case.rtol)
+                    .map_err(|e| format!("attn_weights: {e}"))?,
+            )
         }
         (None, false) => None,
         (w, e) => return Err(format!("weights returned: {}, expected: {e}", w.is_some())),
@@ -67,22 +77,39 @@ fn check_outputs(
 fn library_matches_torch_on_every_fixture() {
     let device = Device::Cpu;
     let mut failures = Vec::new();
-    println!("{:<28} {:<6} {:>12} {:>12}  description", "case", "dtype", "output err", "weights err");
+    println!(
+        "{:<28} {:<6} {:>12} {:>12}  description",
+        "case", "dtype", "output err", "weights err"
+    );
     for case in mha_cases() {
         let weights = TensorFile::open(case.file("weights")).unwrap();
         let info = MhaWeightsInfo::from_file(&weights, &case.prefix).unwrap();
-        assert_eq!(info.layout, expected_layout(&case), "{}: detected layout", case.name);
         assert_eq!(
-            MultiHeadAttentionConfig::from_weights(&info, case.num_heads).with_add_zero_attn(case.add_zero_attn),
+            info.layout,
+            expected_layout(&case),
+            "{}: detected layout",
+            case.name
+        );
+        assert_eq!(
+            MultiHeadAttentionConfig::from_weights(&info, case.num_heads)
+                .with_add_zero_attn(case.add_zero_attn),
             config(&case),
             "{}: configuration read from the weights",
             case.name
         );
         let vb = weights.var_builder(case.dtype(), &device);
-        let vb = if case.prefix.is_empty() { vb } else { vb.pp(&case.prefix) };
+        let vb = if case.prefix.is_empty() {
+            vb
+        } else {
+            vb.pp(&case.prefix)
+        };
         let mha = MultiHeadAttention::load(config(&case), vb).unwrap();
-        let inputs =
-            TorchMhaInputs::from_file(&TensorFile::open(case.file("inputs")).unwrap(), case.dtype(), &device).unwrap();
+        let inputs = TorchMhaInputs::from_file(
+            &TensorFile::open(case.file("inputs")).unwrap(),
+            case.dtype(),
+            &device,
+        )
+        .unwrap();
         let out = run_mha(&mha, &inputs, options(&case)).unwrap();
         match check_outputs(&case, &out.output, out.attn_weights.as_ref()) {
             Ok((o, w)) => println!(
@@ -96,7 +123,11 @@ fn library_matches_torch_on_every_fixture() {
             Err(e) => failures.push(format!("{}: {e}", case.name)),
         }
     }
-    assert!(failures.is_empty(), "cases off torch:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "cases off torch:\n{}",
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -106,13 +137,20 @@ fn cli_run_mha_matches_torch_on_every_fixture() {
     for case in mha_cases() {
         let out_path = dir.path().join(format!("{}.out.safetensors", case.name));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_attn"));
-        cmd.args(["run", "mha", "--num-heads", &case.num_heads.to_string(), "--dtype", &case.dtype])
-            .arg("--weights")
-            .arg(case.file("weights"))
-            .arg("--inputs")
-            .arg(case.file("inputs"))
-            .arg("--output")
-            .arg(&out_path);
+        cmd.args([
+            "run",
+            "mha",
+            "--num-heads",
+            &case.num_heads.to_string(),
+            "--dtype",
+            &case.dtype,
+        ])
+        .arg("--weights")
+        .arg(case.file("weights"))
+        .arg("--inputs")
+        .arg(case.file("inputs"))
+        .arg("--output")
+        .arg(&out_path);
         if !case.prefix.is_empty() {
             cmd.args(["--prefix", &case.prefix]);
         }
@@ -121,7 +159,10 @@ fn cli_run_mha_matches_torch_on_every_fixture() {
             ("--add-zero-attn", case.add_zero_attn),
             ("--causal", case.causal),
             ("--no-weights", !case.need_weights),
-            ("--per-head-weights", case.need_weights && !case.average_attn_weights),
+            (
+                "--per-head-weights",
+                case.need_weights && !case.average_attn_weights,
+            ),
         ] {
             if on {
                 cmd.arg(flag);
@@ -129,29 +170,88 @@ fn cli_run_mha_matches_torch_on_every_fixture() {
         }
         let result = cmd.output().unwrap();
         if !result.status.success() {
-            failures.push(format!("{}: exit {:?}: {}", case.name, result.status, String::from_utf8_lossy(&result.stderr)));
+            failures.push(format!(
+                "{}: exit {:?}: {}",
+                case.name,
+                result.status,
+                String::from_utf8_lossy(&result.stderr)
+            ));
             continue;
         }
         let written = TensorFile::open(&out_path).unwrap();
         let output = written.load("output", &Device::Cpu).unwrap();
-        let weights = written.contains("attn_weights").then(|| written.load("attn_weights", &Device::Cpu).unwrap());
+        let weights = written
+            .contains("attn_weights")
+            .then(|| written.load("attn_weights", &Device::Cpu).unwrap());
         if let Err(e) = check_outputs(&case, &output, weights.as_ref()) {
             failures.push(format!("{}: {e}", case.name));
         }
     }
-    assert!(failures.is_empty(), "attn run mha off torch:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "attn run mha off torch:\n{}",
+        failures.join("\n")
+    );
 }
 
 #[test]
 fn fixtures_cover_every_option() {
     let cases = mha_cases();
     let any = |f: fn(&MhaCase) -> bool| cases.iter().any(f);
-    assert!(any(|c| c.layout == "torch_fused") && any(|c| c.layout == "torch_separate") && any(|c| c.layout == "hf"));
-    assert!(any(|c| c.batch_first) && any(|c| !c.batch_first && !c.unbatched) && any(|c| c.unbatched));
+    assert!(
+        any(|c| c.layout == "torch_fused")
+            && any(|c| c.layout == "torch_separate")
+            && any(|c| c.layout == "hf")
+    );
+    assert!(
+        any(|c| c.batch_first) && any(|c| !c.batch_first && !c.unbatched) && any(|c| c.unbatched)
+    );
     assert!(any(|c| c.kdim != c.embed_dim && c.vdim != c.embed_dim));
-    assert!(any(|c| !c.bias) && any(|c| c.add_bias_kv) && any(|c| c.add_zero_attn) && any(|c| c.causal));
+    assert!(
+        any(|c| !c.bias) && any(|c| c.add_bias_kv) && any(|c| c.add_zero_attn) && any(|c| c.causal)
+    );
     assert!(any(|c| !c.need_weights) && any(|c| c.need_weights && !c.average_attn_weights));
     assert!(any(|c| c.embed_dim == 512 && c.num_heads == 8));
     assert!(any(|c| c.dtype == "f16") && any(|c| c.dtype == "bf16"));
     assert!(any(|c| !c.prefix.is_empty() && c.layout == "hf"));
+}
+
+/// The demo checkpoint in `weights/` (what the README's first command runs) matches torch.
+#[test]
+fn shipped_demo_checkpoint_matches_torch() {
+    use candle_attention::{AttentionArgs, Mask};
+    let dev = Device::Cpu;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("weights");
+    let weights = TensorFile::open(root.join("mha_demo.safetensors")).unwrap();
+    let io = TensorFile::open(root.join("mha_demo_io.safetensors")).unwrap();
+    let mha = MultiHeadAttention::load(
+        MultiHeadAttentionConfig::new(64, 8),
+        weights
+            .var_builder(candle::DType::F32, &dev)
+            .pp("self_attn"),
+    )
+    .unwrap();
+    let query = io.load("query", &dev).unwrap();
+    let padding = io.load("key_padding_mask", &dev).unwrap();
+    let args = AttentionArgs {
+        mask: Mask::causal(),
+        key_padding: Some(&padding),
+        need_weights: true,
+        ..Default::default()
+    };
+    let out = mha.attend(&query, &query, &query, &args).unwrap();
+    compare(
+        &out.output,
+        &io.load("expected_output", &dev).unwrap(),
+        1e-5,
+        1e-5,
+    )
+    .unwrap();
+    compare(
+        &out.weights.unwrap(),
+        &io.load("expected_weights", &dev).unwrap(),
+        1e-5,
+        1e-5,
+    )
+    .unwrap();
 }

@@ -60,7 +60,10 @@ pub fn scaled_dot_product_attention(
 ) -> candle::Result<AttentionOutput> {
     let shape = check_qkv(q, k, v)?;
     if !(0.0..1.0).contains(&args.dropout) {
-        candle::bail!("dropout probability must be in [0, 1), got {}", args.dropout)
+        candle::bail!(
+            "dropout probability must be in [0, 1), got {}",
+            args.dropout
+        )
     }
     let head_dim = q.dim(3)?;
     let scale = match args.scale {
@@ -71,8 +74,15 @@ pub fn scaled_dot_product_attention(
     };
     args.mask.validate(shape)?;
     let bias = args.mask.to_bias(shape, q.device())?;
-    let (output, weights) =
-        naive::attention(q, k, v, bias.as_ref(), scale, args.dropout, args.need_weights)?;
+    let (output, weights) = naive::attention(
+        q,
+        k,
+        v,
+        bias.as_ref(),
+        scale,
+        args.dropout,
+        args.need_weights,
+    )?;
     Ok(AttentionOutput { output, weights })
 }
 

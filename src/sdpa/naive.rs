@@ -61,7 +61,9 @@ pub fn attention(
         weights = candle_nn::ops::dropout(&weights, dropout)?;
     }
     let output = weights.matmul(&v.contiguous()?)?.to_dtype(in_dtype)?;
-    let weights = need_weights.then(|| weights.to_dtype(in_dtype)).transpose()?;
+    let weights = need_weights
+        .then(|| weights.to_dtype(in_dtype))
+        .transpose()?;
     Ok((output, weights))
 }
 
@@ -70,7 +72,8 @@ pub fn attention(
 fn zero_fully_masked_rows(weights: &Tensor, bias: &Tensor) -> candle::Result<Tensor> {
     let dead_rows = bias.max_keepdim(D::Minus1)?.eq(f64::NEG_INFINITY)?; // (B|1, H|1, L, 1)
     let dead = dead_rows.broadcast_as(weights.shape())?;
-    let zeros = Tensor::zeros((), weights.dtype(), weights.device())?.broadcast_as(weights.shape())?;
+    let zeros =
+        Tensor::zeros((), weights.dtype(), weights.device())?.broadcast_as(weights.shape())?;
     dead.where_cond(&zeros, weights)
 }
 
@@ -84,12 +87,28 @@ mod tests {
         let dev = Device::Cpu;
         let q = Tensor::ones((1, 1, 2, 4), DType::F32, &dev).unwrap();
         let k = Tensor::ones((1, 1, 3, 4), DType::F32, &dev).unwrap();
-        let v = Tensor::arange(0f32, 12., &dev).unwrap().reshape((1, 1, 3, 4)).unwrap();
+        let v = Tensor::arange(0f32, 12., &dev)
+            .unwrap()
+            .reshape((1, 1, 3, 4))
+            .unwrap();
         let inf = f32::NEG_INFINITY;
         let bias = Tensor::new(&[[inf, inf, inf], [0., inf, 0.]], &dev).unwrap();
         let (out, w) = attention(&q, &k, &v, Some(&bias), 0.5, 0.0, true).unwrap();
-        let out: Vec<Vec<f32>> = out.squeeze(0).unwrap().squeeze(0).unwrap().to_vec2().unwrap();
-        let w: Vec<Vec<f32>> = w.unwrap().squeeze(0).unwrap().squeeze(0).unwrap().to_vec2().unwrap();
+        let out: Vec<Vec<f32>> = out
+            .squeeze(0)
+            .unwrap()
+            .squeeze(0)
+            .unwrap()
+            .to_vec2()
+            .unwrap();
+        let w: Vec<Vec<f32>> = w
+            .unwrap()
+            .squeeze(0)
+            .unwrap()
+            .squeeze(0)
+            .unwrap()
+            .to_vec2()
+            .unwrap();
         assert_eq!(out[0], vec![0.0; 4]);
         assert_eq!(w[0], vec![0.0; 3]);
         assert_eq!(w[1], vec![0.5, 0.0, 0.5]);
@@ -104,7 +123,15 @@ mod tests {
         let v = Tensor::ones((2, 3, 0, 5), DType::F32, &dev).unwrap();
         let (out, w) = attention(&q, &k, &v, None, 1.0, 0.0, true).unwrap();
         assert_eq!(out.dims(), &[2, 3, 4, 5]);
-        assert_eq!(out.abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap(), 0.0);
+        assert_eq!(
+            out.abs()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap(),
+            0.0
+        );
         assert_eq!(w.unwrap().dims(), &[2, 3, 4, 0]);
     }
 }

@@ -55,18 +55,37 @@ struct Manifest {
 }
 
 pub fn mha_cases() -> Vec<MhaCase> {
-    let text = std::fs::read_to_string(mha_fixtures().join("manifest.json")).expect("manifest.json");
-    serde_json::from_str::<Manifest>(&text).expect("valid manifest").cases
+    let text =
+        std::fs::read_to_string(mha_fixtures().join("manifest.json")).expect("manifest.json");
+    serde_json::from_str::<Manifest>(&text)
+        .expect("valid manifest")
+        .cases
 }
 
 /// Largest `|a - b|`, after checking shapes and the `atol + rtol * |b|` bound element-wise.
 /// Returns `Err` with the worst element when the bound is broken.
 pub fn compare(actual: &Tensor, expected: &Tensor, atol: f64, rtol: f64) -> Result<f64, String> {
     if actual.dims() != expected.dims() {
-        return Err(format!("shape {:?} != expected {:?}", actual.dims(), expected.dims()));
+        return Err(format!(
+            "shape {:?} != expected {:?}",
+            actual.dims(),
+            expected.dims()
+        ));
     }
-    let a: Vec<f64> = actual.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-    let b: Vec<f64> = expected.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    let a: Vec<f64> = actual
+        .to_dtype(DType::F64)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let b: Vec<f64> = expected
+        .to_dtype(DType::F64)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
     let mut max_err = 0f64;
     for (i, (x, y)) in a.iter().zip(&b).enumerate() {
         if !x.is_finite() || !y.is_finite() {

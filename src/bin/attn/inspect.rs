@@ -38,8 +38,18 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(());
     }
-    println!("{}: {} tensors, {} parameters", file.origin(), tensors.len(), parameters);
-    let width = tensors.iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);
+    println!(
+        "{}: {} tensors, {} parameters",
+        file.origin(),
+        tensors.len(),
+        parameters
+    );
+    let width = tensors
+        .iter()
+        .map(|t| t.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
     println!("{:width$}  {:5}  shape", "name", "dtype");
     for t in &tensors {
         println!("{:width$}  {:5}  {:?}", t.name, t.dtype, t.shape);
@@ -58,7 +68,11 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
 }
 
 fn yes_no(b: bool) -> &'static str {
-    if b { "yes" } else { "no" }
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
 }
 
 /// One line for the whole file: a single block's layout, several blocks, or none.

@@ -52,7 +52,11 @@ pub fn run(args: &RunMhaArgs) -> anyhow::Result<()> {
     let cfg = MultiHeadAttentionConfig::from_weights(&info, args.num_heads)
         .with_add_zero_attn(args.add_zero_attn);
     let vb = weights.var_builder(dtype, &device);
-    let vb = if args.prefix.is_empty() { vb } else { vb.pp(&args.prefix) };
+    let vb = if args.prefix.is_empty() {
+        vb
+    } else {
+        vb.pp(&args.prefix)
+    };
     let mha = MultiHeadAttention::load(cfg, vb)
         .with_context(|| format!("loading attention weights from {}", args.weights.display()))?;
 
