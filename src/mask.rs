@@ -280,12 +280,14 @@ impl Mask {
         for term in &self.terms {
             match term {
                 MaskTerm::Causal { offset } => {
-                    parts.causal_offset = Some(parts.causal_offset.map_or(*offset, |o| o.min(*offset)))
+                    parts.causal_offset =
+                        Some(parts.causal_offset.map_or(*offset, |o| o.min(*offset)))
                 }
                 MaskTerm::KeyPadding(t) => {
                     let t = t.to_device(device)?;
                     let t = if t.dtype() == DType::U8 {
-                        let neg_inf = Tensor::new(f32::NEG_INFINITY, device)?.broadcast_as(t.shape())?;
+                        let neg_inf =
+                            Tensor::new(f32::NEG_INFINITY, device)?.broadcast_as(t.shape())?;
                         let zero = Tensor::zeros(t.shape(), DType::F32, device)?;
                         t.ne(0u8)?.where_cond(&neg_inf, &zero)?
                     } else {
@@ -464,17 +466,39 @@ mod tests {
         let dev = Device::Cpu;
         let s = shape(2, 2, 3, 4);
         let m = Mask::causal_with_offset(1)
-            .and(Mask::boolean(Tensor::new(&[[0u8, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]], &dev).unwrap()).unwrap())
-            .and(Mask::key_padding(Tensor::new(&[[0u8, 0, 0, 1], [0, 0, 0, 0]], &dev).unwrap()).unwrap())
-            .and(Mask::key_padding(Tensor::new(&[[0.5f32, 0., 1., 0.], [0., -1., 0., 2.]], &dev).unwrap()).unwrap())
+            .and(
+                Mask::boolean(
+                    Tensor::new(&[[0u8, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]], &dev).unwrap(),
+                )
+                .unwrap(),
+            )
+            .and(
+                Mask::key_padding(Tensor::new(&[[0u8, 0, 0, 1], [0, 0, 0, 0]], &dev).unwrap())
+                    .unwrap(),
+            )
+            .and(
+                Mask::key_padding(
+                    Tensor::new(&[[0.5f32, 0., 1., 0.], [0., -1., 0., 2.]], &dev).unwrap(),
+                )
+                .unwrap(),
+            )
             .and(Mask::causal_with_offset(2));
         let parts = m.decompose(s, &dev).unwrap();
         assert_eq!(parts.causal_offset, Some(1));
         let full = (s.batch, s.heads, s.q_len, s.k_len);
-        let mut sum = parts.bias.unwrap().broadcast_as(full).unwrap().contiguous().unwrap();
+        let mut sum = parts
+            .bias
+            .unwrap()
+            .broadcast_as(full)
+            .unwrap()
+            .contiguous()
+            .unwrap();
         let kb = parts.key_bias.unwrap().reshape((2, 1, 1, 4)).unwrap();
         sum = sum.broadcast_add(&kb).unwrap();
-        let causal = Mask::causal_with_offset(1).to_bias(s, &dev).unwrap().unwrap();
+        let causal = Mask::causal_with_offset(1)
+            .to_bias(s, &dev)
+            .unwrap()
+            .unwrap();
         sum = sum.broadcast_add(&causal).unwrap();
         let got: Vec<f32> = sum.flatten_all().unwrap().to_vec1().unwrap();
         assert_eq!(got, bias_vec(&m, s));

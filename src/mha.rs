@@ -421,7 +421,7 @@ impl MultiHeadAttention {
             }
         };
         let (query, key, value) = (batchify(query)?, batchify(key)?, batchify(value)?);
-        let (b, l, _) = query.dims3()?;
+        let (b, _, _) = query.dims3()?;
         let (kb, s, _) = key.dims3()?;
         let (vb, vs, _) = value.dims3()?;
         if kb != b || vb != b {
@@ -439,34 +439,89 @@ impl MultiHeadAttention {
                 value.dims()
             )
         }
-        let h = self.cfg.num_heads;
-        let hd = self.cfg.head_dim();
+        let key_padding = match args.key_padding {
+            Some(kp) if unbatched && kp.rank() == 1 => Some(kp.unsqueeze(0)?),
+            kp => kp.cloned(),
+        };
+        let q = self.project_query(&query)?;
+        let (k, v) = self.project_key_value(&key, &value)?;
+        let batched_args = AttentionArgs {
+            key_padding: key_padding.as_ref(),
+            ..args.clone()
+        };
+        let AttentionOutput { output, weights } =
+            self.attend_projected(&q, &k, &v, &batched_args)?;
+        if unbatched {
+            let weights = weights.map(|w| w.squeeze(0)).transpose()?;
+            return Ok(AttentionOutput {
+                output: output.squeeze(0)?,
+                weights,
+            });
+        }
+        Ok(AttentionOutput { output, weights })
+    }
 
+    /// `(B, N, E)` → `(B, H, N, head_dim)`.
+    fn split_heads(&self, t: &Tensor) -> candle::Result<Tensor> {
+        let (b, n, _) = t.dims3()?;
+        t.reshape((b, n, self.cfg.num_heads, self.cfg.head_dim()))?
+            .transpose(1, 2)?
+            .contiguous()
+    }
+
+    /// Projects queries `(B, L, E)` and splits the heads: `(B, H, L, head_dim)`.
+    pub fn project_query(&self, query: &Tensor) -> candle::Result<Tensor> {
+        self.split_heads(&self.q_proj.forward(query)?)
+    }
+
+    /// Projects keys `(B, S, kdim)` and values `(B, S, vdim)` and splits the heads: two
+    /// `(B, H, S, head_dim)` tensors. This is what a KV cache stores: `bias_k`/`bias_v` and the
+    /// zero attention key are not included (they are appended by
+    /// [`MultiHeadAttention::attend_projected`]).
+    pub fn project_key_value(
+        &self,
+        key: &Tensor,
+        value: &Tensor,
+    ) -> candle::Result<(Tensor, Tensor)> {
+        Ok((
+            self.split_heads(&self.k_proj.forward(key)?)?,
+            self.split_heads(&self.v_proj.forward(value)?)?,
+        ))
+    }
+
+    /// Attention over already projected heads, then the output projection.
+    ///
+    /// * `q` `(B, H, L, head_dim)` from [`MultiHeadAttention::project_query`]; `k`, `v`
+    ///   `(B, H, S, head_dim)` from [`MultiHeadAttention::project_key_value`] (e.g. a KV cache).
+    /// * Masks are resolved against the `S` keys given (key padding `(B, S)`); `bias_k`/`bias_v`
+    ///   and the zero key are appended here, visible to every query.
+    /// * Returns `output` `(B, L, E)` and, if requested, the weights `(B, L, S')` averaged or
+    ///   `(B, H, L, S')` per head.
+    pub fn attend_projected(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        args: &AttentionArgs,
+    ) -> candle::Result<AttentionOutput> {
+        let (b, h, l, hd) = q.dims4()?;
+        let s = k.dim(2)?;
         let mut mask = args.mask.clone();
         if let Some(kp) = args.key_padding {
-            let kp = if unbatched && kp.rank() == 1 {
-                kp.unsqueeze(0)?
-            } else {
-                kp.clone()
-            };
-            mask = mask.and(Mask::key_padding(kp)?);
+            mask = mask.and(Mask::key_padding(kp.clone())?);
         }
-
-        let q = self.q_proj.forward(&query)?;
-        let mut k = self.k_proj.forward(&key)?;
-        let mut v = self.v_proj.forward(&value)?;
+        let (mut k, mut v) = (k.clone(), v.clone());
         let mut extra_keys = 0;
         if let Some((bias_k, bias_v)) = &self.bias_kv {
-            k = Tensor::cat(&[&k, &bias_k.broadcast_as((b, 1, self.cfg.embed_dim))?], 1)?;
-            v = Tensor::cat(&[&v, &bias_v.broadcast_as((b, 1, self.cfg.embed_dim))?], 1)?;
+            let as_head = |t: &Tensor| -> candle::Result<Tensor> {
+                t.reshape((1, 1, h, hd))?
+                    .transpose(1, 2)?
+                    .broadcast_as((b, h, 1, hd))
+            };
+            k = Tensor::cat(&[&k, &as_head(bias_k)?], 2)?;
+            v = Tensor::cat(&[&v, &as_head(bias_v)?], 2)?;
             extra_keys += 1;
         }
-        let heads = |t: Tensor| -> candle::Result<Tensor> {
-            let n = t.dim(1)?;
-            t.reshape((b, n, h, hd))?.transpose(1, 2)?.contiguous()
-        };
-        let q = heads(q)?;
-        let (mut k, mut v) = (heads(k)?, heads(v)?);
         if self.cfg.add_zero_attn {
             let zeros = Tensor::zeros((b, h, 1, hd), k.dtype(), k.device())?;
             k = Tensor::cat(&[&k, &zeros], 2)?;
@@ -494,20 +549,16 @@ impl MultiHeadAttention {
             need_weights: args.need_weights,
             dropout: if args.train { self.cfg.dropout } else { 0.0 },
         };
-        let attn = scaled_dot_product_attention(&q, &k, &v, &sdpa)?;
+        let attn = scaled_dot_product_attention(q, &k, &v, &sdpa)?;
         let output = attn
             .output
             .transpose(1, 2)?
             .reshape((b, l, self.cfg.embed_dim))?;
-        let mut output = self.out_proj.forward(&output)?;
-        let mut weights = match attn.weights {
+        let output = self.out_proj.forward(&output)?;
+        let weights = match attn.weights {
             Some(w) if args.average_weights => Some(w.mean(1)?),
             w => w,
         };
-        if unbatched {
-            output = output.squeeze(0)?;
-            weights = weights.map(|w| w.squeeze(0)).transpose()?;
-        }
         Ok(AttentionOutput { output, weights })
     }
 }
