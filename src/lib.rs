@@ -47,12 +47,16 @@
 //! # Ok(()) }
 //! ```
 
+pub mod decode;
+pub mod kv_cache;
 pub mod mask;
 pub mod mha;
 pub mod sdpa;
 pub mod torch_io;
+pub mod transformer;
 pub mod weights;
 
+pub use decode::{beam_search, greedy, Hypothesis, SearchConfig, StepDecoder};
 pub use mask::{AttentionShape, Mask};
 pub use mha::{AttentionArgs, MultiHeadAttention, MultiHeadAttentionConfig};
 pub use sdpa::{scaled_dot_product_attention, AttentionOutput, SdpaArgs};

@@ -4,10 +4,11 @@
 //! `batch_first=True`, and `(L, E)` unbatched; this crate is batch first inside. The functions
 //! here convert at the edge so that a file of tensors saved from Python
 //! (`safetensors.torch.save_file`) runs through [`MultiHeadAttention`] exactly as torch would
-//! run it. This is what `attn run mha` does.
+//! run it. This is what `attn run mha` and `attn run transformer` do.
 
 use crate::mask::Mask;
 use crate::mha::{AttentionArgs, MultiHeadAttention};
+use crate::transformer::{Transformer, TransformerMasks};
 use crate::weights::TensorFile;
 use candle::{DType, Device, Tensor};
 use std::collections::HashMap;
@@ -36,46 +37,13 @@ impl TorchMhaInputs {
     /// `file`. Query, key and value are converted to `dtype`; masks keep their kind (torch
     /// `BOOL` becomes `U8`, float masks become `f32`). Other tensors in the file are ignored.
     pub fn from_file(file: &TensorFile, dtype: DType, device: &Device) -> candle::Result<Self> {
-        if !file.contains("query") {
-            candle::bail!(
-                "{} has no 'query' tensor (an attn run mha input file holds query and optionally \
-                 key, value, attn_mask, key_padding_mask); it holds: {}",
-                file.origin(),
-                if file.names().is_empty() {
-                    "nothing".to_string()
-                } else {
-                    file.names().join(", ")
-                }
-            )
-        }
-        let data = |name: &str| -> candle::Result<Option<Tensor>> {
-            if !file.contains(name) {
-                return Ok(None);
-            }
-            let t = file.load(name, device)?;
-            if !t.dtype().is_float() {
-                candle::bail!(
-                    "'{name}' in {} must be a float tensor, got {:?}",
-                    file.origin(),
-                    t.dtype()
-                )
-            }
-            Ok(Some(t.to_dtype(dtype)?))
-        };
-        let mask = |name: &str| -> candle::Result<Option<Tensor>> {
-            if !file.contains(name) {
-                return Ok(None);
-            }
-            let t = file.load(name, device)?;
-            Ok(Some(match t.dtype() {
-                DType::U8 => t,
-                dt if dt.is_float() => t.to_dtype(DType::F32)?,
-                dt => candle::bail!(
-                    "'{name}' in {} must be bool (true = blocked) or float (additive), got {dt:?}",
-                    file.origin()
-                ),
-            }))
-        };
+        require(
+            file,
+            "query",
+            "an attn run mha input file holds query and optionally key, value, attn_mask, key_padding_mask",
+        )?;
+        let data = |name: &str| load_data(file, name, dtype, device);
+        let mask = |name: &str| load_mask(file, name, device);
         Ok(Self {
             query: data("query")?.ok_or_else(|| candle::Error::Msg("query vanished".into()))?,
             key: data("key")?,
@@ -84,6 +52,59 @@ impl TorchMhaInputs {
             key_padding_mask: mask("key_padding_mask")?,
         })
     }
+}
+
+/// Loads the float tensor `name` if present, converted to `dtype`.
+fn load_data(
+    file: &TensorFile,
+    name: &str,
+    dtype: DType,
+    device: &Device,
+) -> candle::Result<Option<Tensor>> {
+    if !file.contains(name) {
+        return Ok(None);
+    }
+    let t = file.load(name, device)?;
+    if !t.dtype().is_float() {
+        candle::bail!(
+            "'{name}' in {} must be a float tensor, got {:?}",
+            file.origin(),
+            t.dtype()
+        )
+    }
+    Ok(Some(t.to_dtype(dtype)?))
+}
+
+/// Loads the mask `name` if present: torch `BOOL` as `U8` (true = blocked), float as `f32`.
+fn load_mask(file: &TensorFile, name: &str, device: &Device) -> candle::Result<Option<Tensor>> {
+    if !file.contains(name) {
+        return Ok(None);
+    }
+    let t = file.load(name, device)?;
+    Ok(Some(match t.dtype() {
+        DType::U8 => t,
+        dt if dt.is_float() => t.to_dtype(DType::F32)?,
+        dt => candle::bail!(
+            "'{name}' in {} must be bool (true = blocked) or float (additive), got {dt:?}",
+            file.origin()
+        ),
+    }))
+}
+
+/// Fails with the names the file does hold when a required tensor is absent.
+fn require(file: &TensorFile, name: &str, what: &str) -> candle::Result<()> {
+    if file.contains(name) {
+        return Ok(());
+    }
+    let held = if file.names().is_empty() {
+        "nothing".to_string()
+    } else {
+        file.names().join(", ")
+    };
+    candle::bail!(
+        "{} has no '{name}' tensor ({what}); it holds: {held}",
+        file.origin()
+    )
 }
 
 /// How to run a torch-layout call.
@@ -174,4 +195,113 @@ pub fn save_tensors(tensors: &[(&str, &Tensor)], path: impl AsRef<Path>) -> cand
     let path = path.as_ref();
     candle::safetensors::save(&map, path)
         .map_err(|e| candle::Error::Msg(format!("cannot write {}: {e}", path.display())))
+}
+
+/// The inputs of one `nn.Transformer.forward` call, in torch's layout.
+#[derive(Clone, Debug)]
+pub struct TorchTransformerInputs {
+    /// `(S, N, E)`, `(N, S, E)` with batch first, or `(S, E)` unbatched.
+    pub src: Tensor,
+    /// `(T, N, E)`, `(N, T, E)` with batch first, or `(T, E)` unbatched.
+    pub tgt: Tensor,
+    /// `(S, S)` or `(N * nhead, S, S)`.
+    pub src_mask: Option<Tensor>,
+    /// `(T, T)` or `(N * nhead, T, T)`.
+    pub tgt_mask: Option<Tensor>,
+    /// `(T, S)` or `(N * nhead, T, S)`.
+    pub memory_mask: Option<Tensor>,
+    /// `(N, S)` (`(S)` unbatched).
+    pub src_key_padding_mask: Option<Tensor>,
+    /// `(N, T)` (`(T)` unbatched).
+    pub tgt_key_padding_mask: Option<Tensor>,
+    /// `(N, S)` (`(S)` unbatched).
+    pub memory_key_padding_mask: Option<Tensor>,
+}
+
+impl TorchTransformerInputs {
+    /// Reads `src`, `tgt` and the optional six masks from `file`; `src`/`tgt` are converted to
+    /// `dtype`, masks keep their kind.
+    pub fn from_file(file: &TensorFile, dtype: DType, device: &Device) -> candle::Result<Self> {
+        let what = "an attn run transformer input file holds src, tgt and optionally src_mask, tgt_mask, \
+                    memory_mask, src_key_padding_mask, tgt_key_padding_mask, memory_key_padding_mask";
+        require(file, "src", what)?;
+        require(file, "tgt", what)?;
+        let data = |name: &str| -> candle::Result<Tensor> {
+            load_data(file, name, dtype, device)?
+                .ok_or_else(|| candle::Error::Msg(format!("{name} vanished")))
+        };
+        let mask = |name: &str| load_mask(file, name, device);
+        Ok(Self {
+            src: data("src")?,
+            tgt: data("tgt")?,
+            src_mask: mask("src_mask")?,
+            tgt_mask: mask("tgt_mask")?,
+            memory_mask: mask("memory_mask")?,
+            src_key_padding_mask: mask("src_key_padding_mask")?,
+            tgt_key_padding_mask: mask("tgt_key_padding_mask")?,
+            memory_key_padding_mask: mask("memory_key_padding_mask")?,
+        })
+    }
+}
+
+/// Runs `model` on torch-layout inputs (eval mode) and returns `output` in the layout of `tgt`.
+pub fn run_transformer(
+    model: &Transformer,
+    inputs: &TorchTransformerInputs,
+    batch_first: bool,
+) -> candle::Result<Tensor> {
+    let (src_rank, tgt_rank) = (inputs.src.rank(), inputs.tgt.rank());
+    if src_rank != tgt_rank || !(src_rank == 2 || src_rank == 3) {
+        candle::bail!(
+            "src and tgt must both be (seq, N, E), (N, seq, E) with --batch-first, or unbatched (seq, E); got {:?} and {:?}",
+            inputs.src.dims(),
+            inputs.tgt.dims()
+        )
+    }
+    let unbatched = src_rank == 2;
+    let to_ours = |t: &Tensor| -> candle::Result<Tensor> {
+        if unbatched {
+            t.unsqueeze(0)
+        } else if batch_first {
+            Ok(t.clone())
+        } else {
+            t.transpose(0, 1)?.contiguous()
+        }
+    };
+    let padding = |t: &Option<Tensor>| -> candle::Result<Option<Tensor>> {
+        match t {
+            Some(t) if unbatched && t.rank() == 1 => Ok(Some(t.unsqueeze(0)?)),
+            t => Ok(t.clone()),
+        }
+    };
+    let attn_mask = |t: &Option<Tensor>| -> candle::Result<Mask> {
+        t.as_ref()
+            .map_or(Ok(Mask::none()), |t| Mask::attn_mask(t.clone()))
+    };
+    let (src_kpm, tgt_kpm, mem_kpm) = (
+        padding(&inputs.src_key_padding_mask)?,
+        padding(&inputs.tgt_key_padding_mask)?,
+        padding(&inputs.memory_key_padding_mask)?,
+    );
+    let masks = TransformerMasks {
+        src_mask: attn_mask(&inputs.src_mask)?,
+        tgt_mask: attn_mask(&inputs.tgt_mask)?,
+        memory_mask: attn_mask(&inputs.memory_mask)?,
+        src_key_padding_mask: src_kpm.as_ref(),
+        tgt_key_padding_mask: tgt_kpm.as_ref(),
+        memory_key_padding_mask: mem_kpm.as_ref(),
+    };
+    let out = model.forward(
+        &to_ours(&inputs.src)?,
+        &to_ours(&inputs.tgt)?,
+        &masks,
+        false,
+    )?;
+    if unbatched {
+        out.squeeze(0)
+    } else if batch_first {
+        Ok(out)
+    } else {
+        out.transpose(0, 1)?.contiguous()
+    }
 }

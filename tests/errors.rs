@@ -435,3 +435,132 @@ fn cuda_without_the_feature_is_a_clear_error() {
     let err = attn_fails(&args);
     assert!(err.contains("CUDA"), "{err}");
 }
+
+fn transformer_fixture(name: &str) -> PathBuf {
+    common::transformer_fixtures().join(name)
+}
+
+fn run_transformer_args<'a>(weights: &'a str, inputs: &'a str, output: &'a str) -> Vec<&'a str> {
+    vec![
+        "run",
+        "transformer",
+        "--weights",
+        weights,
+        "--inputs",
+        inputs,
+        "--output",
+        output,
+        "--num-heads",
+        "4",
+    ]
+}
+
+#[test]
+fn transformer_inputs_with_the_wrong_d_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = transformer_fixture("post_norm_relu.weights.safetensors");
+    let mut t = tensors_of(&transformer_fixture("post_norm_relu.inputs.safetensors"));
+    let src = t["src"].clone();
+    let (src_len, n, _) = src.dims3().unwrap();
+    t.insert(
+        "src".into(),
+        Tensor::zeros((src_len, n, 12), DType::F32, &Device::Cpu).unwrap(),
+    );
+    let i = save(dir.path(), "i.safetensors", &t);
+    let out = dir.path().join("o.safetensors");
+    let err = attn_fails(&run_transformer_args(s(&w), s(&i), s(&out)));
+    assert!(
+        err.contains("src has 12 features") && err.contains("d_model is 16"),
+        "{err}"
+    );
+    t.remove("tgt");
+    let i = save(dir.path(), "i.safetensors", &t);
+    let err = attn_fails(&run_transformer_args(s(&w), s(&i), s(&out)));
+    assert!(
+        err.contains("no 'tgt' tensor") && err.contains("it holds: src"),
+        "{err}"
+    );
+}
+
+#[test]
+fn transformer_with_a_missing_layer_or_norm() {
+    use candle_attention::transformer::{Transformer, TransformerConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = tensors_of(&transformer_fixture(
+        "enc2_dec1_eps1e-6.weights.safetensors",
+    ));
+    let full = t.clone();
+    t.retain(|name, _| !name.starts_with("encoder.layers.0."));
+    let w = save(dir.path(), "w.safetensors", &t);
+    let err = TransformerConfig::from_weights(&TensorFile::open(&w).unwrap(), "", 3)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("layer encoder.layers.0 is missing"), "{err}");
+    let i = transformer_fixture("enc2_dec1_eps1e-6.inputs.safetensors");
+    let out = dir.path().join("o.safetensors");
+    let mut args = run_transformer_args(s(&w), s(&i), s(&out));
+    args[8] = "--num-heads";
+    args[9] = "3";
+    let err = attn_fails(&args);
+    assert!(err.contains("layer encoder.layers.0 is missing"), "{err}");
+
+    let mut t = full.clone();
+    t.remove("decoder.norm.weight");
+    let w = save(dir.path(), "w2.safetensors", &t);
+    let file = TensorFile::open(&w).unwrap();
+    let cfg = TransformerConfig::from_weights(&file, "", 3).unwrap();
+    let err = Transformer::load(cfg, file.var_builder(DType::F32, &Device::Cpu))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("'decoder.norm.weight' not found") && err.contains("decoder.norm.bias"),
+        "{err}"
+    );
+
+    let mut t = full;
+    t.retain(|name, _| !name.starts_with("decoder."));
+    let w = save(dir.path(), "w3.safetensors", &t);
+    let err = TransformerConfig::from_weights(&TensorFile::open(&w).unwrap(), "", 3)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("no decoder layers found under 'decoder.layers'"),
+        "{err}"
+    );
+}
+
+#[test]
+fn transformer_masks_of_the_wrong_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = transformer_fixture("batch_first_padding.weights.safetensors");
+    let mut t = tensors_of(&transformer_fixture(
+        "batch_first_padding.inputs.safetensors",
+    ));
+    let out = dir.path().join("o.safetensors");
+    let mut args = run_transformer_args(s(&w), "", s(&out));
+    args.push("--batch-first");
+    let original = t.clone();
+    t.insert(
+        "tgt_mask".into(),
+        Tensor::zeros((4, 4), DType::U8, &Device::Cpu).unwrap(),
+    );
+    let i = save(dir.path(), "i.safetensors", &t);
+    args[5] = s(&i);
+    let err = attn_fails(&args);
+    assert!(
+        err.contains("attention mask of shape [4, 4]") && err.contains("(5, 5)"),
+        "{err}"
+    );
+    let mut t = original;
+    t.insert(
+        "memory_key_padding_mask".into(),
+        Tensor::zeros((3, 2), DType::U8, &Device::Cpu).unwrap(),
+    );
+    let i = save(dir.path(), "i2.safetensors", &t);
+    args[5] = s(&i);
+    let err = attn_fails(&args);
+    assert!(
+        err.contains("key padding mask of shape [3, 2]") && err.contains("(3, 6)"),
+        "{err}"
+    );
+}

@@ -99,3 +99,49 @@ pub fn compare(actual: &Tensor, expected: &Tensor, atol: f64, rtol: f64) -> Resu
     }
     Ok(max_err)
 }
+
+/// `tests/fixtures/transformer`.
+pub fn transformer_fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/transformer")
+}
+
+/// One case of `tests/fixtures/transformer/manifest.json` (written by
+/// `tests/fixtures/make_transformer_fixtures.py`).
+#[derive(Debug, Deserialize, Clone)]
+pub struct TransformerCase {
+    pub name: String,
+    pub prefix: String,
+    pub d_model: usize,
+    pub nhead: usize,
+    pub num_encoder_layers: usize,
+    pub num_decoder_layers: usize,
+    pub dim_feedforward: usize,
+    pub activation: String,
+    pub norm_first: bool,
+    pub batch_first: bool,
+    pub layer_norm_eps: f64,
+    pub bias: bool,
+    pub atol: f64,
+    pub rtol: f64,
+    pub compare_mask_name: Option<String>,
+    pub description: String,
+}
+
+impl TransformerCase {
+    pub fn file(&self, kind: &str) -> PathBuf {
+        transformer_fixtures().join(format!("{}.{kind}.safetensors", self.name))
+    }
+}
+
+#[derive(Deserialize)]
+struct TransformerManifest {
+    cases: Vec<TransformerCase>,
+}
+
+pub fn transformer_cases() -> Vec<TransformerCase> {
+    let text = std::fs::read_to_string(transformer_fixtures().join("manifest.json"))
+        .expect("manifest.json");
+    serde_json::from_str::<TransformerManifest>(&text)
+        .expect("valid manifest")
+        .cases
+}

@@ -1,8 +1,10 @@
 //! `attn`: the command-line face of candle-attention. Thin: parses, calls the library, prints.
 //! Errors go to stderr with a non-zero exit code, never a panic.
 
+mod bench_decode;
 mod inspect;
 mod run_mha;
+mod run_transformer;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use std::process::ExitCode;
@@ -21,12 +23,23 @@ enum Command {
     Run(RunCommand),
     /// List the tensors of a safetensors file, the parameter count and the detected layout.
     Inspect(inspect::InspectArgs),
+    /// Benchmarks (medians of repeated runs; see README).
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Autoregressive decoding: KV cache against recomputing the prefix.
+    Decode(bench_decode::DecodeBenchArgs),
 }
 
 #[derive(Subcommand, Debug)]
 enum RunCommand {
     /// torch.nn.MultiheadAttention: weights from its state_dict, inputs in torch's layout.
     Mha(run_mha::RunMhaArgs),
+    /// torch.nn.Transformer: weights from its state_dict, inputs in torch's layout.
+    Transformer(run_transformer::RunTransformerArgs),
 }
 
 /// Where to compute.
@@ -74,7 +87,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(RunCommand::Mha(args)) => run_mha::run(&args),
+        Command::Run(RunCommand::Transformer(args)) => run_transformer::run(&args),
         Command::Inspect(args) => inspect::run(&args),
+        Command::Bench(BenchCommand::Decode(args)) => bench_decode::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

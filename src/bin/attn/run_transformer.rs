@@ -1,0 +1,73 @@
+//! `attn run transformer`: torch.nn.Transformer on saved tensors.
+
+use crate::{DTypeArg, DeviceArg};
+use anyhow::Context;
+use candle_attention::torch_io::{run_transformer, save_tensors, TorchTransformerInputs};
+use candle_attention::transformer::{Activation, Transformer, TransformerConfig};
+use candle_attention::TensorFile;
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug)]
+pub struct RunTransformerArgs {
+    /// A torch.nn.Transformer state_dict saved with safetensors.
+    #[arg(long)]
+    weights: PathBuf,
+    /// Prefix of the model's tensors in the weights file (e.g. model.transformer).
+    #[arg(long, default_value = "")]
+    prefix: String,
+    /// Heads per attention block (the weights do not record it).
+    #[arg(long)]
+    num_heads: usize,
+    /// Pre-norm layers (torch's norm_first=True).
+    #[arg(long)]
+    norm_first: bool,
+    /// Inputs and output are (N, seq, E) instead of (seq, N, E).
+    #[arg(long)]
+    batch_first: bool,
+    /// Feed-forward activation.
+    #[arg(long, default_value = "relu", value_parser = ["relu", "gelu"])]
+    activation: String,
+    /// LayerNorm epsilon.
+    #[arg(long, default_value_t = 1e-5)]
+    layer_norm_eps: f64,
+    /// Input tensors: src, tgt, and optionally src_mask, tgt_mask, memory_mask,
+    /// src_key_padding_mask, tgt_key_padding_mask, memory_key_padding_mask.
+    #[arg(long)]
+    inputs: PathBuf,
+    /// Where to write output.
+    #[arg(long)]
+    output: PathBuf,
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: DeviceArg,
+    #[arg(long, value_enum, default_value = "f32")]
+    dtype: DTypeArg,
+}
+
+pub fn run(args: &RunTransformerArgs) -> anyhow::Result<()> {
+    let device = args.device.device()?;
+    let dtype = args.dtype.dtype();
+    let weights = TensorFile::open(&args.weights)?;
+    let cfg = TransformerConfig {
+        norm_first: args.norm_first,
+        activation: args
+            .activation
+            .parse::<Activation>()
+            .map_err(anyhow::Error::msg)?,
+        layer_norm_eps: args.layer_norm_eps,
+        ..TransformerConfig::from_weights(&weights, &args.prefix, args.num_heads)?
+    };
+    let vb = weights.var_builder(dtype, &device);
+    let vb = if args.prefix.is_empty() {
+        vb
+    } else {
+        vb.pp(&args.prefix)
+    };
+    let model = Transformer::load(cfg, vb)
+        .with_context(|| format!("loading the transformer from {}", args.weights.display()))?;
+    let inputs =
+        TorchTransformerInputs::from_file(&TensorFile::open(&args.inputs)?, dtype, &device)?;
+    let output =
+        run_transformer(&model, &inputs, args.batch_first).context("running the transformer")?;
+    save_tensors(&[("output", &output)], &args.output)?;
+    Ok(())
+}

@@ -1,0 +1,172 @@
+//! Hyper-parameters of the encoder-decoder Transformer, named as in `torch.nn.Transformer`.
+
+use crate::mha::MultiHeadAttentionConfig;
+use crate::weights::{join_name, TensorFile};
+use serde::{Deserialize, Serialize};
+
+/// The position-wise feed-forward activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Activation {
+    /// `max(0, x)`, the paper's choice and torch's default.
+    Relu,
+    /// The exact (erf) GELU, as torch's `F.gelu` (not candle's tanh approximation).
+    Gelu,
+}
+
+impl Activation {
+    /// Applies the activation element-wise.
+    pub fn apply(&self, xs: &candle::Tensor) -> candle::Result<candle::Tensor> {
+        match self {
+            Activation::Relu => xs.relu(),
+            Activation::Gelu => xs.gelu_erf(),
+        }
+    }
+}
+
+impl std::str::FromStr for Activation {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "relu" => Ok(Activation::Relu),
+            "gelu" => Ok(Activation::Gelu),
+            other => Err(format!(
+                "unknown activation '{other}' (expected relu or gelu)"
+            )),
+        }
+    }
+}
+
+/// Sizes and options of a [`crate::transformer::Transformer`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TransformerConfig {
+    /// Model size `d_model` (512 in the paper).
+    pub d_model: usize,
+    /// Heads per attention block (8 in the paper).
+    pub nhead: usize,
+    /// Encoder layers (6 in the paper).
+    pub num_encoder_layers: usize,
+    /// Decoder layers (6 in the paper).
+    pub num_decoder_layers: usize,
+    /// Inner size of the feed-forward network (2048 in the paper).
+    pub dim_feedforward: usize,
+    /// Dropout on attention weights, sub-layer outputs and the feed-forward inner layer, in
+    /// training only (0.1 in the paper).
+    pub dropout: f32,
+    /// Feed-forward activation.
+    pub activation: Activation,
+    /// LayerNorm epsilon.
+    pub layer_norm_eps: f64,
+    /// Pre-norm (`x + f(norm(x))`) instead of the paper's post-norm (`norm(x + f(x))`).
+    pub norm_first: bool,
+    /// Biases in linear layers and LayerNorms.
+    pub bias: bool,
+}
+
+impl TransformerConfig {
+    /// `d_model` and `nhead` with torch's defaults for the rest: 6 + 6 layers, feed-forward
+    /// 2048, dropout 0.1, relu, eps 1e-5, post-norm, biases.
+    pub fn new(d_model: usize, nhead: usize) -> Self {
+        Self {
+            d_model,
+            nhead,
+            num_encoder_layers: 6,
+            num_decoder_layers: 6,
+            dim_feedforward: 2048,
+            dropout: 0.1,
+            activation: Activation::Relu,
+            layer_norm_eps: 1e-5,
+            norm_first: false,
+            bias: true,
+        }
+    }
+
+    /// Reads what the weights of a `torch.nn.Transformer.state_dict()` under `prefix` tell:
+    /// layer counts, `d_model`, `dim_feedforward` and biases. `nhead` is given; the activation,
+    /// `norm_first`, `layer_norm_eps` and dropout keep [`TransformerConfig::new`]'s defaults
+    /// (set them after). Errors name the missing tensor or the layer that is absent.
+    pub fn from_weights(file: &TensorFile, prefix: &str, nhead: usize) -> candle::Result<Self> {
+        let name = |n: &str| join_name(prefix, n);
+        let num_encoder_layers = count_layers(file, &name("encoder.layers"))?;
+        let num_decoder_layers = count_layers(file, &name("decoder.layers"))?;
+        if num_encoder_layers == 0 || num_decoder_layers == 0 {
+            let what = if num_encoder_layers == 0 {
+                "encoder"
+            } else {
+                "decoder"
+            };
+            return Err(candle::Error::Msg(format!(
+                "no {what} layers found under '{}': {}",
+                name(&format!("{what}.layers")),
+                file.not_found(&name(&format!("{what}.layers.0.self_attn.in_proj_weight")))
+            )));
+        }
+        let norm = file.shape_of(&name("encoder.layers.0.norm1.weight"))?;
+        let d_model = match norm.as_slice() {
+            [d] => *d,
+            s => candle::bail!(
+                "'{}' must be a vector, got shape {s:?}",
+                name("encoder.layers.0.norm1.weight")
+            ),
+        };
+        let linear1 = file.shape_of(&name("encoder.layers.0.linear1.weight"))?;
+        let dim_feedforward = match linear1.as_slice() {
+            [f, d] if *d == d_model => *f,
+            s => candle::bail!(
+                "'{}' has shape {s:?}, expected (dim_feedforward, {d_model}) for d_model {d_model}",
+                name("encoder.layers.0.linear1.weight")
+            ),
+        };
+        let bias = file.contains(&name("encoder.layers.0.linear1.bias"));
+        Ok(Self {
+            num_encoder_layers,
+            num_decoder_layers,
+            dim_feedforward,
+            bias,
+            ..Self::new(d_model, nhead)
+        })
+    }
+
+    /// Checks sizes: positive, `nhead` divides `d_model`, dropout in `[0, 1)`, eps > 0.
+    pub fn validate(&self) -> candle::Result<()> {
+        self.attention().validate()?;
+        if self.dim_feedforward == 0 {
+            candle::bail!("dim_feedforward must be at least 1")
+        }
+        if !(self.layer_norm_eps > 0.0 && self.layer_norm_eps.is_finite()) {
+            candle::bail!(
+                "layer_norm_eps must be positive, got {}",
+                self.layer_norm_eps
+            )
+        }
+        Ok(())
+    }
+
+    /// The configuration of every attention block (self and cross attention).
+    pub fn attention(&self) -> MultiHeadAttentionConfig {
+        MultiHeadAttentionConfig::new(self.d_model, self.nhead)
+            .with_bias(self.bias)
+            .with_dropout(self.dropout)
+    }
+}
+
+/// Number of layers `prefix.0`, `prefix.1`, ... present in `file`; an error if the indices
+/// have a gap (a missing layer).
+fn count_layers(file: &TensorFile, prefix: &str) -> candle::Result<usize> {
+    let mut indices: Vec<usize> = file
+        .names_under(prefix)
+        .iter()
+        .filter_map(|n| n[prefix.len() + 1..].split('.').next()?.parse().ok())
+        .collect();
+    indices.sort_unstable();
+    indices.dedup();
+    for (expected, &found) in indices.iter().enumerate() {
+        if expected != found {
+            candle::bail!(
+                "layer {prefix}.{expected} is missing: found layers {:?} under '{prefix}'",
+                indices
+            )
+        }
+    }
+    Ok(indices.len())
+}
