@@ -54,6 +54,7 @@ pub mod mha;
 pub mod sdpa;
 pub mod torch_io;
 pub mod transformer;
+pub mod translate;
 pub mod weights;
 
 pub use decode::{beam_search, greedy, Hypothesis, SearchConfig, StepDecoder};

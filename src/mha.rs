@@ -462,11 +462,12 @@ impl MultiHeadAttention {
     }
 
     /// `(B, N, E)` → `(B, H, N, head_dim)`.
+    /// A strided view, not a copy: the tiled kernel reads it in place and the naive one makes
+    /// its own contiguous copy.
     fn split_heads(&self, t: &Tensor) -> candle::Result<Tensor> {
         let (b, n, _) = t.dims3()?;
         t.reshape((b, n, self.cfg.num_heads, self.cfg.head_dim()))?
-            .transpose(1, 2)?
-            .contiguous()
+            .transpose(1, 2)
     }
 
     /// Projects queries `(B, L, E)` and splits the heads: `(B, H, L, head_dim)`.

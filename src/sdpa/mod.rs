@@ -1,9 +1,18 @@
 //! Scaled dot-product attention, `softmax(Q Kᵀ · scale + mask) V` (Vaswani et al., eq. 1).
 //!
 //! [`scaled_dot_product_attention`] validates its inputs, resolves the [`Mask`] and hands the
-//! work to a kernel. Every kernel gives the same answer up to floating-point round-off;
-//! today the only one is [`naive`], which materialises the `(B, H, L, S)` score matrix, returns
-//! the attention weights and supports autograd on every candle device.
+//! work to a kernel. Every kernel gives the same answer up to floating-point round-off:
+//!
+//! * [`tiled`]: a memory-efficient online-softmax kernel for CPU tensors (FlashAttention-2
+//!   style, never the `(L, S)` matrix); [`decode`] is its split-over-keys variant for a few
+//!   queries against a long key sequence (incremental decoding).
+//! * [`naive`]: materialises the `(B, H, L, S)` score matrix, returns the attention weights
+//!   and supports autograd on every candle device.
+//!
+//! The choice is automatic: CPU tensors of dtype `f32`, `f16` or `bf16` take the tiled kernel
+//! (the decode one for at most [`decode::MAX_QUERIES`] queries) when the weights are not
+//! requested, dropout is 0 and no input (mask included) tracks gradients. Everything else
+//! (weights, training, autograd, CUDA/Metal, `f64`) takes the naive path.
 //!
 //! ## Fully masked rows
 //! A query whose keys are all blocked (every score `-inf`) has no defined softmax. We define
@@ -14,10 +23,14 @@
 //! For `f16`/`bf16` inputs, scores, softmax and the weighted sum are computed in `f32` and the
 //! result is cast back to the input dtype.
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+pub mod decode;
 pub mod naive;
+pub mod tiled;
 
 use crate::mask::{AttentionShape, Mask};
-use candle::Tensor;
+use candle::{DType, Device, Tensor};
 
 /// Options of [`scaled_dot_product_attention`]. `Default` is: no mask, scale
 /// `1 / sqrt(head_dim)`, no weights, no dropout.
@@ -73,6 +86,28 @@ pub fn scaled_dot_product_attention(
         None => 1.0 / (head_dim as f64).sqrt(),
     };
     args.mask.validate(shape)?;
+    let fast = matches!(q.device(), Device::Cpu)
+        && matches!(q.dtype(), DType::F32 | DType::F16 | DType::BF16)
+        && !args.need_weights
+        && args.dropout == 0.0
+        && ![q, k, v].iter().any(|t| t.track_op());
+    if fast {
+        let parts = args.mask.decompose(shape, q.device())?;
+        let mask_tracks = [&parts.bias, &parts.key_bias]
+            .iter()
+            .any(|t| t.as_ref().is_some_and(|t| t.track_op()));
+        if !mask_tracks {
+            let output = if shape.q_len <= decode::MAX_QUERIES {
+                decode::attention(q, k, v, &parts, scale)?
+            } else {
+                tiled::attention(q, k, v, &parts, scale)?
+            };
+            return Ok(AttentionOutput {
+                output,
+                weights: None,
+            });
+        }
+    }
     let bias = args.mask.to_bias(shape, q.device())?;
     let (output, weights) = naive::attention(
         q,
@@ -87,7 +122,7 @@ pub fn scaled_dot_product_attention(
 }
 
 /// Checks ranks, sizes, dtypes and devices of `q`, `k`, `v`; returns `(B, H, L, S)`.
-fn check_qkv(q: &Tensor, k: &Tensor, v: &Tensor) -> candle::Result<AttentionShape> {
+pub(crate) fn check_qkv(q: &Tensor, k: &Tensor, v: &Tensor) -> candle::Result<AttentionShape> {
     for (name, t) in [("query", q), ("key", k), ("value", v)] {
         if t.rank() != 4 {
             candle::bail!(

@@ -56,7 +56,10 @@ impl DecoderCache {
         for layer in &mut self.layers {
             layer.self_attn.select_rows(rows)?;
             if let Some((k, v)) = &layer.memory_kv {
-                layer.memory_kv = Some((k.index_select(rows, 0)?, v.index_select(rows, 0)?));
+                layer.memory_kv = Some((
+                    k.contiguous()?.index_select(rows, 0)?,
+                    v.contiguous()?.index_select(rows, 0)?,
+                ));
             }
         }
         Ok(())

@@ -1,10 +1,12 @@
 //! `attn`: the command-line face of candle-attention. Thin: parses, calls the library, prints.
 //! Errors go to stderr with a non-zero exit code, never a panic.
 
+mod bench;
 mod bench_decode;
 mod inspect;
 mod run_mha;
 mod run_transformer;
+mod train;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use std::process::ExitCode;
@@ -23,13 +25,19 @@ enum Command {
     Run(RunCommand),
     /// List the tensors of a safetensors file, the parameter count and the detected layout.
     Inspect(inspect::InspectArgs),
-    /// Benchmarks (medians of repeated runs; see README).
+    /// Time attention kernels, multi-head attention and decoding on random inputs.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Train the English -> German number translator (progress bar; resumable).
+    Train(train::TrainArgs),
 }
 
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
+    /// scaled_dot_product_attention kernels on (B, H, N, D) inputs.
+    Attention(bench::AttentionBenchArgs),
+    /// MultiHeadAttention(E, H) self-attention forward (eval, no weights).
+    Mha(bench::MhaBenchArgs),
     /// Autoregressive decoding: KV cache against recomputing the prefix.
     Decode(bench_decode::DecodeBenchArgs),
 }
@@ -89,7 +97,10 @@ fn main() -> ExitCode {
         Command::Run(RunCommand::Mha(args)) => run_mha::run(&args),
         Command::Run(RunCommand::Transformer(args)) => run_transformer::run(&args),
         Command::Inspect(args) => inspect::run(&args),
+        Command::Bench(BenchCommand::Attention(args)) => bench::attention(&args),
+        Command::Bench(BenchCommand::Mha(args)) => bench::mha(&args),
         Command::Bench(BenchCommand::Decode(args)) => bench_decode::run(&args),
+        Command::Train(args) => train::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Side-by-side timing of PyTorch and `attn bench`, alternating in one run.
+
+    python bench/compare_torch.py                      # the issue-4 table (SDPA, causal, padding, MHA)
+    python bench/compare_torch.py --sizes 128,1024 --rounds 5 --skip-mha
+
+Both sides get the same number of threads (default 2): `torch.set_num_threads(T)` here and
+`RAYON_NUM_THREADS=T` for `attn`. Each round runs torch then `attn` on the same shape; the
+table quotes the median over rounds of each side's per-round median, and the ratio
+torch_ms / attn_ms (> 1 means candle-attention is faster). fp32 unless --dtype says otherwise.
+
+Needs torch (PyPI) and a release build of `attn`
+(`cargo build --release`; pass --attn PATH if it lives elsewhere).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def torch_time(fn, iters, warmup):
+    for _ in range(warmup):
+        fn()
+    ms = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        fn()
+        ms.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(ms)
+
+
+def attn_json(cmd, env):
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def torch_dtype(name):
+    return {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+def iters_for(n, base):
+    # Fewer iterations for the big shapes (seconds each); at least 3.
+    return max(3, base if n <= 1024 else base // 3)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--attn", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "attn"))
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--sizes", default="128,512,1024,4096,8192")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"])
+    p.add_argument("--rounds", type=int, default=3, help="alternations torch/attn per shape")
+    p.add_argument("--iters", type=int, default=10, help="timed iterations per round (fewer for N > 1024)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--skip-causal", action="store_true")
+    p.add_argument("--padding-sizes", default="1024,4096", help="B=4 key padding rows; '' to skip")
+    p.add_argument("--mha-sizes", default="128,1024,4096", help="MultiheadAttention(512, 8); '' to skip")
+    p.add_argument("--flash-sizes", default="128,1024", help="also time candle-nn flash_attn at these N")
+    p.add_argument("--json", action="store_true", help="print every measurement as JSON too")
+    a = p.parse_args()
+
+    torch.set_num_threads(a.threads)
+    env = dict(os.environ, RAYON_NUM_THREADS=str(a.threads))
+    dt = torch_dtype(a.dtype)
+    sizes = [int(x) for x in a.sizes.split(",") if x]
+    flash_sizes = {int(x) for x in a.flash_sizes.split(",") if x}
+    rows = []
+
+    def attn_cmd(b, n, causal, impls, iters, key_lengths=None):
+        cmd = [a.attn, "bench", "attention", "--batch", str(b), "--heads", str(a.heads),
+               "--seq-q", str(n), "--seq-k", str(n), "--head-dim", str(a.head_dim),
+               "--dtype", a.dtype, "--iters", str(iters), "--warmup", str(a.warmup),
+               "--impl", ",".join(impls), "--json"]
+        if causal:
+            cmd.append("--causal")
+        if key_lengths:
+            cmd += ["--key-lengths", ",".join(str(x) for x in key_lengths)]
+        return cmd
+
+    def sdpa_case(label, b, n, causal, key_lengths=None):
+        iters = iters_for(n, a.iters)
+        torch.manual_seed(0)
+        q = torch.randn(b, a.heads, n, a.head_dim, dtype=dt)
+        k = torch.randn(b, a.heads, n, a.head_dim, dtype=dt)
+        v = torch.randn(b, a.heads, n, a.head_dim, dtype=dt)
+        mask = None
+        if key_lengths:
+            keep = torch.zeros(b, 1, 1, n, dtype=torch.bool)  # torch SDPA: True = attend
+            for i, length in enumerate(key_lengths):
+                keep[i, ..., :length] = True
+            mask = keep
+        impls = ["auto"] + (["candle-flash"] if n in flash_sizes and not key_lengths else [])
+        t_ms, o_ms, f_ms = [], [], []
+        for _ in range(a.rounds):
+            with torch.no_grad():
+                t_ms.append(torch_time(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal),
+                                       iters, a.warmup))
+            res = attn_json(attn_cmd(b, n, causal, impls, iters, key_lengths), env)
+            for r in res:
+                (o_ms if r["impl"] == "auto" else f_ms).append(r["median_ms"])
+                if a.json:
+                    print(json.dumps(r))
+        flops = 4 * b * a.heads * n * n * a.head_dim * (0.5 if causal else 1.0)
+        row = dict(case=label, n=n, torch_ms=statistics.median(t_ms), ours_ms=statistics.median(o_ms),
+                   flash_ms=statistics.median(f_ms) if f_ms else None, flops=flops)
+        rows.append(row)
+        print_row(row)
+
+    def mha_case(n):
+        iters = iters_for(n, a.iters)
+        torch.manual_seed(0)
+        e, h = 512, 8
+        mha = torch.nn.MultiheadAttention(e, h, batch_first=True).eval().to(dt)
+        x = torch.randn(1, n, e, dtype=dt)
+        t_ms, o_ms = [], []
+        for _ in range(a.rounds):
+            with torch.no_grad():
+                t_ms.append(torch_time(lambda: mha(x, x, x, need_weights=False), iters, a.warmup))
+            cmd = [a.attn, "bench", "mha", "--seq", str(n), "--embed-dim", str(e), "--heads", str(h),
+                   "--dtype", a.dtype, "--iters", str(iters), "--warmup", str(a.warmup), "--json"]
+            for r in attn_json(cmd, env):
+                o_ms.append(r["median_ms"])
+                if a.json:
+                    print(json.dumps(r))
+        flops = 4 * n * n * e + 8 * n * e * e
+        row = dict(case="MHA(512,8)", n=n, torch_ms=statistics.median(t_ms), ours_ms=statistics.median(o_ms),
+                   flash_ms=None, flops=flops)
+        rows.append(row)
+        print_row(row)
+
+    print(f"# torch {torch.__version__}, {a.threads} threads, {a.dtype}, H={a.heads}, D={a.head_dim}, "
+          f"{a.rounds} alternating rounds; medians; ratio = torch / candle-attention (>1: ours faster)")
+    print("| case | N | torch ms | candle-attention ms | ratio | ours GFLOP/s | candle-nn flash_attn ms | vs flash |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n in sizes:
+        sdpa_case(f"SDPA B={a.batch}", a.batch, n, False)
+        if not a.skip_causal:
+            sdpa_case(f"SDPA B={a.batch} causal", a.batch, n, True)
+    for n in [int(x) for x in a.padding_sizes.split(",") if x]:
+        lengths = [n, (3 * n) // 4, n // 2, n // 4]
+        sdpa_case("SDPA B=4 key padding " + "/".join(map(str, lengths)), 4, n, False, lengths)
+    for n in [int(x) for x in a.mha_sizes.split(",") if x]:
+        mha_case(n)
+
+
+def print_row(r):
+    flash = f"{r['flash_ms']:.2f}" if r["flash_ms"] else ""
+    vs = f"{r['flash_ms'] / r['ours_ms']:.1f}x" if r["flash_ms"] else ""
+    gf = r["flops"] / (r["ours_ms"] * 1e6)
+    print(f"| {r['case']} | {r['n']} | {r['torch_ms']:.3f} | {r['ours_ms']:.3f} | "
+          f"{r['torch_ms'] / r['ours_ms']:.2f} | {gf:.0f} | {flash} | {vs} |", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,361 @@
+//! AVX-512 micro-kernels of the tiled attention kernel ([`super::tiled`]).
+//!
+//! Every function here is `unsafe` and `#[target_feature(enable = "avx512f")]`: it may only be
+//! called once `is_x86_feature_detected!("avx512f")` returned true, which the safe wrappers in
+//! [`super::tiled`] guarantee by construction (their `Isa::Avx512` value is only created after
+//! that check). The wrappers also check every slice length the kernels rely on; each kernel
+//! states the precondition it needs in a `# Safety` section.
+//!
+//! Layouts (all `f32`, `BQ` = [`super::tiled::BQ`] = 64 queries per block):
+//! * `qt`: the query block transposed, `(D, BQ)`: `qt[d * BQ + i]` (pre-scaled, zero padded).
+//! * `st`: the score tile transposed, `(nk, BQ)`: `st[j * BQ + i]` = score of query `i`, key `j`.
+//! * `k`, `v`: key / value rows `j` at `k[j * ks ..]`, `v[j * vs ..]` (head-dim contiguous).
+//! * `o`: the output accumulator `(BQ, dv)`, row-major.
+
+#![allow(clippy::too_many_arguments)]
+
+use super::tiled::{BQ, EXP2_POLY};
+use core::arch::x86_64::*;
+
+/// Keys per micro-tile of the score kernel.
+const RS: usize = 6;
+/// Queries per micro-tile of the P·V kernel.
+const RP: usize = 6;
+
+/// `2^x` for `x <= 0` (also right for moderately positive `x`), 16 lanes; anything below
+/// -126 (including `-inf`) gives exactly `0`. Relative error about 2e-7 (degree-6 polynomial on
+/// `[-0.5, 0.5]`). Never produces a denormal: on Intel cores an underflowing `vscalefps`
+/// takes a microcode assist (~100 cycles), which made masked tiles several times slower.
+#[inline(always)]
+unsafe fn exp2_ps(x: __m512) -> __m512 {
+    let live = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(-126.0));
+    let x = _mm512_max_ps(x, _mm512_set1_ps(-126.0));
+    let x = _mm512_min_ps(x, _mm512_set1_ps(127.0));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+    let f = _mm512_sub_ps(x, n);
+    let c = EXP2_POLY;
+    let mut p = _mm512_set1_ps(c[0]);
+    for &ci in &c[1..] {
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(ci));
+    }
+    _mm512_maskz_scalef_ps(live, p, n)
+}
+
+/// Scores of `nk` keys against `16 * nv` queries, times `c`:
+/// `st[j * BQ + i] = c · Σ_d k[j * ks + d] * qt[d * BQ + i]`. (Scaling the sum rather than the
+/// queries halves the round-off of large logits.)
+///
+/// # Safety
+/// AVX-512F available; `1 <= nv <= 4`; `qt` readable for `d * BQ` floats, `k` for
+/// `(nk - 1) * ks + d` floats (when `nk > 0`), `st` writable for `nk * BQ` floats.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn scores(
+    qt: *const f32,
+    d: usize,
+    k: *const f32,
+    ks: usize,
+    nk: usize,
+    st: *mut f32,
+    nv: usize,
+    c: f32,
+) {
+    match nv {
+        1 => scores_nv::<1>(qt, d, k, ks, nk, st, c),
+        2 => scores_nv::<2>(qt, d, k, ks, nk, st, c),
+        3 => scores_nv::<3>(qt, d, k, ks, nk, st, c),
+        _ => scores_nv::<4>(qt, d, k, ks, nk, st, c),
+    }
+}
+
+#[inline(always)]
+unsafe fn scores_nv<const NV: usize>(
+    qt: *const f32,
+    d: usize,
+    k: *const f32,
+    ks: usize,
+    nk: usize,
+    st: *mut f32,
+    c: f32,
+) {
+    let c = _mm512_set1_ps(c);
+    let mut j = 0;
+    while j + RS <= nk {
+        scores_tile::<NV, RS>(qt, d, k.add(j * ks), ks, st.add(j * BQ), c);
+        j += RS;
+    }
+    let (kj, sj) = (k.add(j * ks), st.add(j * BQ));
+    match nk - j {
+        1 => scores_tile::<NV, 1>(qt, d, kj, ks, sj, c),
+        2 => scores_tile::<NV, 2>(qt, d, kj, ks, sj, c),
+        3 => scores_tile::<NV, 3>(qt, d, kj, ks, sj, c),
+        4 => scores_tile::<NV, 4>(qt, d, kj, ks, sj, c),
+        5 => scores_tile::<NV, 5>(qt, d, kj, ks, sj, c),
+        _ => {}
+    }
+}
+
+/// `R` keys × `16 * NV` queries, accumulators in registers over the whole head dimension.
+#[inline(always)]
+unsafe fn scores_tile<const NV: usize, const R: usize>(
+    qt: *const f32,
+    d: usize,
+    k: *const f32,
+    ks: usize,
+    st: *mut f32,
+    c: __m512,
+) {
+    let mut acc = [[_mm512_setzero_ps(); NV]; R];
+    for dd in 0..d {
+        let q = qt.add(dd * BQ);
+        let mut qv = [_mm512_setzero_ps(); NV];
+        for (v, qv) in qv.iter_mut().enumerate() {
+            *qv = _mm512_loadu_ps(q.add(16 * v));
+        }
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let kb = _mm512_set1_ps(*k.add(r * ks + dd));
+            for v in 0..NV {
+                acc[v] = _mm512_fmadd_ps(kb, qv[v], acc[v]);
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (v, a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(st.add(r * BQ + 16 * v), _mm512_mul_ps(*a, c));
+        }
+    }
+}
+
+/// Adds `kb[j]` (already in the log2 domain) to row `j` of the score tile, for `16 * nv` queries.
+///
+/// # Safety
+/// AVX-512F available; `nv <= 4`; `kb` readable for `nk` floats; `st` writable for `nk * BQ`.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn add_key_bias(st: *mut f32, nk: usize, kb: *const f32, nv: usize) {
+    for j in 0..nk {
+        let b = _mm512_set1_ps(*kb.add(j));
+        let row = st.add(j * BQ);
+        for v in 0..nv {
+            let p = row.add(16 * v);
+            _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), b));
+        }
+    }
+}
+
+/// Online-softmax step for one score tile (`nk` keys × `16 * nv` queries, log2 domain):
+/// updates the running maxima `m` and sums `l`, overwrites the tile with the probabilities
+/// `2^(s - m_new)` and writes the rescaling factors `alpha = 2^(m_old - m_new)` of the output
+/// rows. Columns whose scores are all `-inf` so far keep `m = -inf`, `l = 0`, and get `p = 0`.
+///
+/// # Safety
+/// AVX-512F available; `nv <= 4`; `st` readable and writable for `nk * BQ` floats; `m`, `l` and
+/// `alpha` for `16 * nv` floats each.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn softmax_update(
+    st: *mut f32,
+    nk: usize,
+    m: *mut f32,
+    l: *mut f32,
+    alpha: *mut f32,
+    nv: usize,
+) {
+    let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
+    for v in 0..nv {
+        let col = st.add(16 * v);
+        let m_old = _mm512_loadu_ps(m.add(16 * v));
+        // Four independent max chains (latency bound otherwise).
+        let (mut b0, mut b1, mut b2, mut b3) = (neg_inf, neg_inf, neg_inf, neg_inf);
+        let mut j = 0;
+        while j + 4 <= nk {
+            b0 = _mm512_max_ps(b0, _mm512_loadu_ps(col.add(j * BQ)));
+            b1 = _mm512_max_ps(b1, _mm512_loadu_ps(col.add((j + 1) * BQ)));
+            b2 = _mm512_max_ps(b2, _mm512_loadu_ps(col.add((j + 2) * BQ)));
+            b3 = _mm512_max_ps(b3, _mm512_loadu_ps(col.add((j + 3) * BQ)));
+            j += 4;
+        }
+        while j < nk {
+            b0 = _mm512_max_ps(b0, _mm512_loadu_ps(col.add(j * BQ)));
+            j += 1;
+        }
+        let bm = _mm512_max_ps(_mm512_max_ps(b0, b1), _mm512_max_ps(b2, b3));
+        let m_new = _mm512_max_ps(m_old, bm);
+        let dead = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(m_new, neg_inf);
+        let m_use = _mm512_mask_blend_ps(dead, m_new, _mm512_setzero_ps());
+        let a = exp2_ps(_mm512_sub_ps(m_old, m_use));
+        let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut j = 0;
+        while j + 2 <= nk {
+            let p0 = col.add(j * BQ);
+            let p1 = col.add((j + 1) * BQ);
+            let e0 = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(p0), m_use));
+            let e1 = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(p1), m_use));
+            _mm512_storeu_ps(p0, e0);
+            _mm512_storeu_ps(p1, e1);
+            s0 = _mm512_add_ps(s0, e0);
+            s1 = _mm512_add_ps(s1, e1);
+            j += 2;
+        }
+        if j < nk {
+            let p0 = col.add(j * BQ);
+            let e0 = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(p0), m_use));
+            _mm512_storeu_ps(p0, e0);
+            s0 = _mm512_add_ps(s0, e0);
+        }
+        let l_old = _mm512_loadu_ps(l.add(16 * v));
+        _mm512_storeu_ps(
+            l.add(16 * v),
+            _mm512_fmadd_ps(l_old, a, _mm512_add_ps(s0, s1)),
+        );
+        _mm512_storeu_ps(m.add(16 * v), m_new);
+        _mm512_storeu_ps(alpha.add(16 * v), a);
+    }
+}
+
+/// `o[i, :] = alpha[i] * o[i, :] + Σ_j st[j * BQ + i] * v[j * vs ..][:dv]` for queries
+/// `0..nq`, keys `0..nk`.
+///
+/// # Safety
+/// AVX-512F available; `nq <= BQ`; `st` readable for `nk * BQ` floats; `v` for
+/// `(nk - 1) * vs + dv` floats (when `nk > 0`); `o` readable and writable for `nq * dv`
+/// floats; `alpha` readable for `nq` floats.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn pv(
+    st: *const f32,
+    nk: usize,
+    v: *const f32,
+    vs: usize,
+    dv: usize,
+    o: *mut f32,
+    nq: usize,
+    alpha: *const f32,
+) {
+    let mut c0 = 0;
+    while c0 < dv {
+        let w = (dv - c0).min(64);
+        let nvv = w.div_ceil(16);
+        let last = w - 16 * (nvv - 1); // 1..=16 lanes in the last vector
+        let tail: __mmask16 = if last == 16 {
+            0xffff
+        } else {
+            (1u16 << last) - 1
+        };
+        let (vc, oc) = (v.add(c0), o.add(c0));
+        match nvv {
+            1 => pv_cols::<1>(st, nk, vc, vs, dv, oc, nq, alpha, tail),
+            2 => pv_cols::<2>(st, nk, vc, vs, dv, oc, nq, alpha, tail),
+            3 => pv_cols::<3>(st, nk, vc, vs, dv, oc, nq, alpha, tail),
+            _ => pv_cols::<4>(st, nk, vc, vs, dv, oc, nq, alpha, tail),
+        }
+        c0 += 64;
+    }
+}
+
+#[inline(always)]
+unsafe fn pv_cols<const NV: usize>(
+    st: *const f32,
+    nk: usize,
+    v: *const f32,
+    vs: usize,
+    ostride: usize,
+    o: *mut f32,
+    nq: usize,
+    alpha: *const f32,
+    tail: __mmask16,
+) {
+    let mut i = 0;
+    while i + RP <= nq {
+        pv_tile::<NV, RP>(
+            st.add(i),
+            nk,
+            v,
+            vs,
+            ostride,
+            o.add(i * ostride),
+            alpha.add(i),
+            tail,
+        );
+        i += RP;
+    }
+    let (si, oi, ai) = (st.add(i), o.add(i * ostride), alpha.add(i));
+    match nq - i {
+        1 => pv_tile::<NV, 1>(si, nk, v, vs, ostride, oi, ai, tail),
+        2 => pv_tile::<NV, 2>(si, nk, v, vs, ostride, oi, ai, tail),
+        3 => pv_tile::<NV, 3>(si, nk, v, vs, ostride, oi, ai, tail),
+        4 => pv_tile::<NV, 4>(si, nk, v, vs, ostride, oi, ai, tail),
+        5 => pv_tile::<NV, 5>(si, nk, v, vs, ostride, oi, ai, tail),
+        _ => {}
+    }
+}
+
+/// `R` output rows × `16 * NV` columns (the last vector masked by `tail`).
+#[inline(always)]
+unsafe fn pv_tile<const NV: usize, const R: usize>(
+    st: *const f32,
+    nk: usize,
+    v: *const f32,
+    vs: usize,
+    ostride: usize,
+    o: *mut f32,
+    alpha: *const f32,
+    tail: __mmask16,
+) {
+    let mask = |c: usize| if c + 1 == NV { tail } else { 0xffff };
+    let mut acc = [[_mm512_setzero_ps(); NV]; R];
+    for (r, acc) in acc.iter_mut().enumerate() {
+        let a = _mm512_set1_ps(*alpha.add(r));
+        for (c, acc) in acc.iter_mut().enumerate() {
+            let x = _mm512_maskz_loadu_ps(mask(c), o.add(r * ostride + 16 * c));
+            *acc = _mm512_mul_ps(x, a);
+        }
+    }
+    for j in 0..nk {
+        let vr = v.add(j * vs);
+        let mut vv = [_mm512_setzero_ps(); NV];
+        for (c, vv) in vv.iter_mut().enumerate() {
+            *vv = _mm512_maskz_loadu_ps(mask(c), vr.add(16 * c));
+        }
+        let sr = st.add(j * BQ);
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let p = _mm512_set1_ps(*sr.add(r));
+            for c in 0..NV {
+                acc[c] = _mm512_fmadd_ps(p, vv[c], acc[c]);
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (c, a) in acc.iter().enumerate() {
+            _mm512_mask_storeu_ps(o.add(r * ostride + 16 * c), mask(c), *a);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp2_matches_std() {
+        if !is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        let xs: Vec<f32> = (0..16 * 200).map(|i| -125.0 + i as f32 * 0.047).collect();
+        for chunk in xs.chunks(16) {
+            let mut out = [0f32; 16];
+            // SAFETY: avx512f was detected above; `chunk` and `out` hold 16 floats each.
+            unsafe {
+                let y = exp2_ps(_mm512_loadu_ps(chunk.as_ptr()));
+                _mm512_storeu_ps(out.as_mut_ptr(), y);
+            }
+            for (x, y) in chunk.iter().zip(out) {
+                let want = x.exp2();
+                assert!(
+                    (y - want).abs() <= 3e-7 * want.max(f32::MIN_POSITIVE),
+                    "{x}: {y} vs {want}"
+                );
+            }
+        }
+        let mut out = [1f32; 16];
+        // SAFETY: as above.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), exp2_ps(_mm512_set1_ps(f32::NEG_INFINITY))) };
+        assert_eq!(out, [0.0; 16]);
+    }
+}

@@ -1,0 +1,117 @@
+//! Attention for a few queries against a long key sequence: the shape of incremental decoding
+//! (one new token, or a handful, attending to a cached prefix).
+//!
+//! With `L <= 4` queries there is no matrix product to speak of: the work is bound by reading
+//! `K` and `V` once from memory, and a per-`(batch, head)` split leaves threads idle when
+//! `B · H` is small. This path splits the keys too ("split-K", FlashDecoding style):
+//!
+//! 1. tasks are `(batch, head, key chunk)`; each runs the tiled kernel's micro-kernels
+//!    ([`super::tiled`]) over its chunk and keeps the unnormalised result with its row
+//!    maximum and sum `(m, l, acc)`, streaming its `K` and `V` rows exactly once;
+//! 2. the partial results are merged with the log-sum-exp rescaling
+//!    `out = Σ_c 2^(m_c - M) acc_c / Σ_c 2^(m_c - M) l_c`, `M = max_c m_c`.
+//!
+//! Extra memory: `O(B · H · chunks · L · Dv)` for the partials. Fully masked rows give zeros.
+
+use super::tiled::{
+    group_scratch_len, query_group, with_scratch, Inputs, Isa, Prepared, TiledConfig, BQ,
+};
+use crate::mask::MaskParts;
+use candle::Tensor;
+use rayon::prelude::*;
+
+/// Queries per head up to which [`super::scaled_dot_product_attention`] uses this path.
+pub const MAX_QUERIES: usize = 4;
+
+/// Keys per task at least (smaller chunks cost more in merging than they gain).
+const MIN_CHUNK: usize = 512;
+
+/// Attention of `q` `(B, H, L, D)` (meant for small `L`, any `L` works) over `k` `(B, H, S, D)`
+/// and `v` `(B, H, S, Dv)`, CPU tensors of one dtype (`f32`, `f16`, `bf16`); returns
+/// `(B, H, L, Dv)` in the input dtype. `mask` comes from [`crate::Mask::decompose`].
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &MaskParts,
+    scale: f64,
+) -> candle::Result<Tensor> {
+    attention_with(q, k, v, mask, scale, &TiledConfig::default())
+}
+
+/// [`attention`] with a [`TiledConfig`] (`block_k` and `force_portable` are honoured):
+/// `q` `(B, H, L, D)`, `k` `(B, H, S, D)`, `v` `(B, H, S, Dv)` → `(B, H, L, Dv)`.
+/// More than 256 queries take the plain tiled kernel.
+pub fn attention_with(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &MaskParts,
+    scale: f64,
+    cfg: &TiledConfig,
+) -> candle::Result<Tensor> {
+    if q.rank() == 4 && q.dim(2)? > 4 * BQ {
+        return super::tiled::attention_with(q, k, v, mask, scale, cfg);
+    }
+    if cfg.block_k == 0 {
+        candle::bail!("decode attention: block_k must be at least 1")
+    }
+    let prep = Prepared::new(q, k, v, mask, scale)?;
+    let isa = Isa::detect(cfg.force_portable);
+    prep.run(|inp, out| run(isa, inp, out, cfg.block_k))
+}
+
+fn run(isa: Isa, inp: &Inputs, out: &mut [f32], bk: usize) {
+    let d = inp.dims;
+    let (l, s, dv) = (d.l, d.s, d.dv);
+    let g = l.div_ceil(BQ);
+    let threads = rayon::current_num_threads().max(1);
+    // Enough chunks for 4 tasks per thread, none smaller than MIN_CHUNK keys.
+    let want = (4 * threads).div_ceil(d.b * d.h).max(1);
+    let chunk = s.div_ceil(want).max(MIN_CHUNK).min(s.max(1));
+    let nchunks = s.div_ceil(chunk);
+    let part_len = l * (dv + 2);
+    let mut parts = vec![0f32; d.b * d.h * nchunks * part_len];
+    let scratch_len = group_scratch_len(d.d, bk, g);
+    parts
+        .par_chunks_mut(part_len)
+        .enumerate()
+        .for_each(|(t, part)| {
+            let (bh, c) = (t / nchunks, t % nchunks);
+            let (b, h) = (bh / d.h, bh % d.h);
+            let keys = c * chunk..((c + 1) * chunk).min(s);
+            let (stats, acc) = part.split_at_mut(2 * l);
+            with_scratch(scratch_len, |scratch| {
+                query_group(isa, inp, b, h, 0, acc, bk, g, keys, Some(stats), scratch)
+            });
+        });
+    out.par_chunks_mut(l * dv).enumerate().for_each(|(bh, o)| {
+        let parts = &parts[bh * nchunks * part_len..(bh + 1) * nchunks * part_len];
+        for (i, orow) in o.chunks_exact_mut(dv).enumerate() {
+            // (m, l, acc) of query i in chunk c.
+            let part = |c: usize| {
+                let p = &parts[c * part_len..(c + 1) * part_len];
+                (p[i], p[l + i], &p[2 * l + i * dv..2 * l + (i + 1) * dv])
+            };
+            let m = (0..nchunks)
+                .map(|c| part(c).0)
+                .fold(f32::NEG_INFINITY, f32::max);
+            orow.fill(0.0);
+            if m == f32::NEG_INFINITY {
+                continue; // every key masked: zeros
+            }
+            let mut total = 0.0;
+            for c in 0..nchunks {
+                let (mc, lc, acc) = part(c);
+                if mc == f32::NEG_INFINITY {
+                    continue;
+                }
+                let w = (mc - m).exp2();
+                total += lc * w;
+                orow.iter_mut().zip(acc).for_each(|(o, &a)| *o += w * a);
+            }
+            let inv = if total > 0.0 { 1.0 / total } else { 0.0 };
+            orow.iter_mut().for_each(|o| *o *= inv);
+        }
+    });
+}

@@ -1,0 +1,899 @@
+//! Memory-efficient attention for CPU tensors: tiled, with an online softmax
+//! (FlashAttention-2 style), `O(block)` scratch per thread instead of the `(L, S)` matrix.
+//!
+//! The work is split into tasks of one `(batch, head)` and up to four blocks of [`BQ`] = 64
+//! queries, run in parallel with rayon. A task transposes each query block once, `qt`
+//! `(D, BQ)`, then walks the keys in blocks of `block_k` (128); every key/value block is
+//! used by all the task's query blocks while it is in cache:
+//!
+//! 1. scores `Sᵀ = K_blk · Qᵀ` `(block_k, BQ)`, times `scale · log2(e)`: a register-blocked
+//!    micro-kernel (6 keys × 64 queries, 24 accumulators on AVX-512) that reads the keys in
+//!    place, so neither `K` nor `V` is ever copied or packed;
+//! 2. masks applied inside the tile: key padding as a per-key bias row, general biases
+//!    element by element, causal only on the diagonal blocks (blocks wholly above the diagonal
+//!    are never visited, blocks wholly below need nothing); key blocks that are entirely
+//!    padding are skipped, and so is everything after a batch row's last real key;
+//! 3. the online-softmax update, vectorised across 16 queries (max, `exp2`, sum), in the log2
+//!    domain;
+//! 4. `O = alpha · O + P · V_blk` with a register-blocked micro-kernel (6 queries × 64 values).
+//!
+//! Scratch (`qt`, the score tile, row statistics) lives in a per-thread buffer reused across
+//! tiles, tasks and calls; the output accumulator is the output block itself. Extra memory is
+//! therefore the output plus `threads × (4 · (D + 3) + block_k) · 64` floats.
+//!
+//! Instruction sets are chosen at run time: AVX-512F micro-kernels (the private `avx512` module) when
+//! `is_x86_feature_detected!` finds AVX-512F (with AVX2 and FMA), otherwise portable Rust
+//! kernels, compiled a second time with AVX2+FMA enabled for CPUs that have them. No
+//! `target-cpu` flag is needed.
+//!
+//! `f16`/`bf16` inputs are converted to `f32` up front (linear memory,
+//! `B · H · (L + 2S) · D` floats) and the result converted back: all arithmetic is `f32`.
+//!
+//! Fully masked query rows give zeros, as in [`super::naive`]. Inputs may be strided views
+//! (e.g. the `(B, L, H, D) → (B, H, L, D)` transpose of a projection) as long as the head
+//! dimension is contiguous; otherwise they are made contiguous first.
+
+use crate::mask::MaskParts;
+use candle::{DType, Device, Storage, Tensor};
+use rayon::prelude::*;
+use std::cell::RefCell;
+use std::f32::consts::LOG2_E;
+
+/// Queries per block (the width of the score tile; fixed by the micro-kernels).
+pub const BQ: usize = 64;
+/// Coefficients (highest degree first) of the polynomial approximating `2^f` on
+/// `[-0.5, 0.5]`, relative error 2.2e-9 (least squares on Chebyshev nodes).
+pub(crate) const EXP2_POLY: [f32; 7] = [
+    1.537_071_6e-4,
+    1.339_985_8e-3,
+    9.618_374e-3,
+    5.550_329e-2,
+    0.240_226_49,
+    std::f32::consts::LN_2,
+    1.0,
+];
+
+/// Default number of keys per block.
+pub const DEFAULT_BLOCK_K: usize = 128;
+
+/// Knobs of the tiled kernel; `Default` is what [`super::scaled_dot_product_attention`] uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TiledConfig {
+    /// Keys per block (`>= 1`); the score tile holds `block_k × 64` floats.
+    pub block_k: usize,
+    /// Use the portable kernels even where AVX-512 or AVX2 is available (for testing).
+    pub force_portable: bool,
+    /// Query blocks of [`BQ`] per task (1 to 4); `None` chooses from the shape and the thread
+    /// count.
+    pub blocks_per_task: Option<usize>,
+}
+
+impl Default for TiledConfig {
+    fn default() -> Self {
+        Self {
+            block_k: DEFAULT_BLOCK_K,
+            force_portable: false,
+            blocks_per_task: None,
+        }
+    }
+}
+
+/// The instruction set the kernels run with. `Avx512` and `Avx2` are only ever constructed by
+/// [`Isa::detect`] after a successful runtime check, which is what makes calling their
+/// `#[target_feature]` functions sound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+impl Isa {
+    pub(crate) fn detect(force_portable: bool) -> Isa {
+        if force_portable {
+            return Isa::Portable;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+            {
+                return Isa::Avx512;
+            }
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Portable
+    }
+}
+
+/// Tiled attention of `q` `(B, H, L, D)`, `k` `(B, H, S, D)`, `v` `(B, H, S, Dv)` (CPU tensors
+/// of one dtype: `f32`, `f16` or `bf16`) under `mask`, with scores scaled by `scale`.
+/// Returns the output `(B, H, L, Dv)` in the input dtype. No weights, no autograd.
+///
+/// `mask` comes from [`crate::Mask::decompose`] for the same `(B, H, L, S)`.
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &MaskParts,
+    scale: f64,
+) -> candle::Result<Tensor> {
+    attention_with(q, k, v, mask, scale, &TiledConfig::default())
+}
+
+/// [`attention`] with explicit [`TiledConfig`]: `q` `(B, H, L, D)`, `k` `(B, H, S, D)`,
+/// `v` `(B, H, S, Dv)` → `(B, H, L, Dv)`.
+pub fn attention_with(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &MaskParts,
+    scale: f64,
+    cfg: &TiledConfig,
+) -> candle::Result<Tensor> {
+    let prep = Prepared::new(q, k, v, mask, scale)?;
+    if cfg.block_k == 0 {
+        candle::bail!("tiled attention: block_k must be at least 1")
+    }
+    let g = match cfg.blocks_per_task {
+        None => blocks_per_task(&prep.dims),
+        Some(g @ 1..=4) => g,
+        Some(g) => candle::bail!("tiled attention: blocks_per_task must be 1 to 4, got {g}"),
+    };
+    let isa = Isa::detect(cfg.force_portable);
+    prep.run(|inp, out| run_tiled(isa, inp, out, cfg.block_k, g))
+}
+
+/// Inputs validated, converted to `f32` with a unit-stride last dimension.
+pub(crate) struct Prepared {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    key_bias: Option<Vec<f32>>,
+    bias: Option<Tensor>,
+    causal: Option<usize>,
+    qscale: f32,
+    in_dtype: DType,
+    dims: Dims,
+}
+
+/// `(B, H, L, S, D, Dv)`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Dims {
+    pub b: usize,
+    pub h: usize,
+    pub l: usize,
+    pub s: usize,
+    pub d: usize,
+    pub dv: usize,
+}
+
+/// A strided `f32` 4-D view whose last dimension is contiguous: element `(b, h, r, c)` at
+/// `start + b * sb + h * sh + r * sr + c`.
+#[derive(Clone, Copy)]
+pub(crate) struct Strided<'a> {
+    data: &'a [f32],
+    start: usize,
+    sb: usize,
+    sh: usize,
+    pub sr: usize,
+    rows: usize,
+    cols: usize,
+}
+
+impl<'a> Strided<'a> {
+    fn new(data: &'a [f32], t: &Tensor, start: usize) -> Self {
+        let dims = t.dims();
+        let st = t.stride();
+        let s = |i: usize| if dims[i] == 1 { 0 } else { st[i] };
+        Self {
+            data,
+            start,
+            sb: s(0),
+            sh: s(1),
+            sr: s(2),
+            rows: dims[2],
+            cols: dims[3],
+        }
+    }
+
+    /// The rows of `(b, h)`: row `r` starts at `r * self.sr`.
+    pub fn head(&self, b: usize, h: usize) -> &'a [f32] {
+        if self.rows == 0 || self.cols == 0 {
+            return &[];
+        }
+        let base = self.start + b * self.sb + h * self.sh;
+        &self.data[base..base + (self.rows - 1) * self.sr + self.cols]
+    }
+}
+
+/// Borrowed inputs of one call, shared by all tasks.
+pub(crate) struct Inputs<'a> {
+    pub q: Strided<'a>,
+    pub k: Strided<'a>,
+    pub v: Strided<'a>,
+    /// `(B, S)` key bias in the log2 domain.
+    pub key_bias: Option<&'a [f32]>,
+    /// Per batch row: one past the last key that is not padding.
+    pub key_end: Vec<usize>,
+    pub bias: Option<Strided<'a>>,
+    pub causal: Option<usize>,
+    pub qscale: f32,
+    pub dims: Dims,
+}
+
+impl<'a> Inputs<'a> {
+    /// The last key (exclusive) any of queries `i0 .. i0 + nq` of batch row `b` can see.
+    pub fn key_limit(&self, b: usize, i0: usize, nq: usize) -> usize {
+        let mut end = self.key_end[b];
+        if let Some(off) = self.causal {
+            end = end.min(i0.saturating_add(nq).saturating_add(off));
+        }
+        end
+    }
+}
+
+fn f32_rows(t: &Tensor) -> candle::Result<Tensor> {
+    let t = if t.dtype() == DType::F32 {
+        t.clone()
+    } else {
+        t.to_dtype(DType::F32)?
+    };
+    if t.stride()[3] == 1 || t.dim(3)? <= 1 {
+        Ok(t)
+    } else {
+        t.contiguous()
+    }
+}
+
+fn cpu_f32(storage: &Storage) -> candle::Result<&[f32]> {
+    match storage {
+        Storage::Cpu(s) => s.as_slice::<f32>(),
+        _ => candle::bail!("tiled attention runs on CPU tensors only"),
+    }
+}
+
+impl Prepared {
+    pub(crate) fn new(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: &MaskParts,
+        scale: f64,
+    ) -> candle::Result<Self> {
+        super::check_qkv(q, k, v)?;
+        for t in [q, k, v] {
+            if !matches!(t.device(), Device::Cpu) {
+                candle::bail!(
+                    "tiled attention runs on CPU tensors only, got {:?}",
+                    t.device().location()
+                )
+            }
+        }
+        let in_dtype = q.dtype();
+        if !matches!(in_dtype, DType::F32 | DType::F16 | DType::BF16) {
+            candle::bail!("tiled attention supports f32, f16 and bf16, got {in_dtype:?}")
+        }
+        if !scale.is_finite() {
+            candle::bail!("attention scale must be finite, got {scale}")
+        }
+        let (b, h, l, d) = q.dims4()?;
+        let (s, dv) = (k.dim(2)?, v.dim(3)?);
+        let dims = Dims { b, h, l, s, d, dv };
+        let key_bias = match &mask.key_bias {
+            None => None,
+            Some(kb) => {
+                if kb.dims() != [b, s] {
+                    candle::bail!(
+                        "key bias must be (batch, S) = ({b}, {s}), got {:?}",
+                        kb.dims()
+                    )
+                }
+                let kb = kb
+                    .to_device(&Device::Cpu)?
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?;
+                Some(
+                    kb.to_vec1::<f32>()?
+                        .into_iter()
+                        .map(|x| x * LOG2_E)
+                        .collect::<Vec<f32>>(),
+                )
+            }
+        };
+        let bias = match &mask.bias {
+            None => None,
+            Some(bias) => {
+                let dims = bias.dims();
+                let fits = |x: usize, full: usize| x == 1 || x == full;
+                if bias.rank() != 4
+                    || !fits(dims[0], b)
+                    || !fits(dims[1], h)
+                    || !fits(dims[2], l)
+                    || dims[3] != s
+                {
+                    candle::bail!(
+                        "attention bias must be (B | 1, H | 1, L | 1, S) = ({b} | 1, {h} | 1, {l} | 1, {s}), got {dims:?}"
+                    )
+                }
+                Some(f32_rows(&bias.to_device(&Device::Cpu)?)?)
+            }
+        };
+        Ok(Self {
+            q: f32_rows(q)?,
+            k: f32_rows(k)?,
+            v: f32_rows(v)?,
+            key_bias,
+            bias,
+            causal: mask.causal_offset,
+            qscale: (scale as f32) * LOG2_E,
+            in_dtype,
+            dims,
+        })
+    }
+
+    /// Borrows the storages and runs `kernel(inputs, output)` on a zeroed `(B, H, L, Dv)`
+    /// buffer, returned as a tensor of the input dtype.
+    pub(crate) fn run(&self, kernel: impl FnOnce(&Inputs, &mut [f32])) -> candle::Result<Tensor> {
+        let Dims { b, h, l, s, dv, .. } = self.dims;
+        if l == 0 || s == 0 || b == 0 || h == 0 || dv == 0 {
+            return Tensor::zeros((b, h, l, dv), self.in_dtype, &Device::Cpu);
+        }
+        let (qs, ql) = self.q.storage_and_layout();
+        let (ks, kl) = self.k.storage_and_layout();
+        let (vs, vl) = self.v.storage_and_layout();
+        let bias_guard = self.bias.as_ref().map(|t| t.storage_and_layout());
+        let bias = match (&bias_guard, &self.bias) {
+            (Some((st, lay)), Some(t)) => Some(Strided::new(cpu_f32(st)?, t, lay.start_offset())),
+            _ => None,
+        };
+        let key_end = match &self.key_bias {
+            None => vec![s; b],
+            Some(kb) => kb
+                .chunks(s)
+                .map(|row| {
+                    row.iter()
+                        .rposition(|&x| x != f32::NEG_INFINITY)
+                        .map_or(0, |p| p + 1)
+                })
+                .collect(),
+        };
+        let inputs = Inputs {
+            q: Strided::new(cpu_f32(&qs)?, &self.q, ql.start_offset()),
+            k: Strided::new(cpu_f32(&ks)?, &self.k, kl.start_offset()),
+            v: Strided::new(cpu_f32(&vs)?, &self.v, vl.start_offset()),
+            key_bias: self.key_bias.as_deref(),
+            key_end,
+            bias,
+            causal: self.causal,
+            qscale: self.qscale,
+            dims: self.dims,
+        };
+        let mut out = vec![0f32; b * h * l * dv];
+        kernel(&inputs, &mut out);
+        let out = Tensor::from_vec(out, (b, h, l, dv), &Device::Cpu)?;
+        if self.in_dtype == DType::F32 {
+            Ok(out)
+        } else {
+            out.to_dtype(self.in_dtype)
+        }
+    }
+}
+
+thread_local! {
+    /// Per-thread scratch, grown on demand and reused across tiles, tasks and calls.
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with a per-thread scratch buffer of at least `len` floats (contents unspecified).
+pub(crate) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            if buf.len() < len {
+                buf.resize(len, 0.0);
+            }
+            f(&mut buf[..len])
+        }
+        // Re-entrant use on one thread (not expected): fall back to a fresh buffer.
+        Err(_) => f(&mut vec![0.0; len]),
+    })
+}
+
+/// Query blocks per task (1, 2 or 4): a task walks the keys once for all its blocks, so each
+/// key/value block is fetched from memory once and reused from cache by every query block.
+/// Fewer blocks per task when that would leave fewer than 4 tasks per thread.
+fn blocks_per_task(dims: &Dims) -> usize {
+    let blocks = dims.l.div_ceil(BQ);
+    let threads = rayon::current_num_threads().max(1);
+    let mut g = 4;
+    while g > 1 && dims.b * dims.h * blocks.div_ceil(g) < 4 * threads {
+        g /= 2;
+    }
+    g
+}
+
+fn run_tiled(isa: Isa, inp: &Inputs, out: &mut [f32], bk: usize, g: usize) {
+    let Dims { h, l, d, dv, .. } = inp.dims;
+    let scratch_len = group_scratch_len(d, bk, g);
+    out.par_chunks_mut(l * dv)
+        .enumerate()
+        .for_each(|(bh, head_out)| {
+            let (b, hh) = (bh / h, bh % h);
+            head_out
+                .par_chunks_mut(g * BQ * dv)
+                .enumerate()
+                .for_each(|(gi, o)| {
+                    with_scratch(scratch_len, |scratch| {
+                        query_group(
+                            isa,
+                            inp,
+                            b,
+                            hh,
+                            gi * g * BQ,
+                            o,
+                            bk,
+                            g,
+                            0..inp.dims.s,
+                            None,
+                            scratch,
+                        )
+                    });
+                });
+        });
+}
+
+/// Per-query-block state inside a task: the transposed query block and the row statistics.
+struct SubBlock<'s> {
+    i0: usize,
+    nq: usize,
+    nv: usize,
+    kend: usize,
+    qt: &'s mut [f32],
+    m: &'s mut [f32],
+    l: &'s mut [f32],
+    alpha: &'s mut [f32],
+}
+
+/// Scratch floats [`query_group`] needs.
+pub(crate) fn group_scratch_len(d: usize, bk: usize, g: usize) -> usize {
+    g * (d * BQ + 3 * BQ) + bk * BQ
+}
+
+/// One task: queries `i0 .. i0 + o.len() / dv` of head `(b, h)` (at most `g` blocks of
+/// [`BQ`]) against the keys in `keys`, written into `o` `(nq, Dv)`.
+///
+/// With `stats: None` the rows are normalised (the attention output). With `Some(stats)`
+/// (`2 * nq` floats) they are not: `o` gets `Σ_j 2^(s_ij - m_i) v_j`, `stats[i]` the row
+/// maximum `m_i` (log2 domain, `-inf` if every key is masked) and `stats[nq + i]` the sum
+/// `Σ_j 2^(s_ij - m_i)`, for merging partial results over key ranges.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn query_group(
+    isa: Isa,
+    inp: &Inputs,
+    b: usize,
+    h: usize,
+    i0: usize,
+    o: &mut [f32],
+    bk: usize,
+    g: usize,
+    keys: std::ops::Range<usize>,
+    stats: Option<&mut [f32]>,
+    scratch: &mut [f32],
+) {
+    let Dims { d, dv, .. } = inp.dims;
+    let nq_total = o.len() / dv;
+    let (st, mut rest) = scratch.split_at_mut(bk * BQ);
+    let q = inp.q.head(b, h);
+    let qsr = inp.q.sr;
+    // Up to 4 sub-blocks, carved out of the scratch without allocating.
+    let mut subs: [Option<SubBlock>; 4] = [None, None, None, None];
+    for (s, slot) in subs.iter_mut().enumerate().take(g) {
+        let si0 = i0 + s * BQ;
+        if s * BQ >= nq_total {
+            break;
+        }
+        let nq = BQ.min(nq_total - s * BQ);
+        let nv = nq.div_ceil(16);
+        let (qt, r) = std::mem::take(&mut rest).split_at_mut(d * BQ);
+        let (m, r) = r.split_at_mut(BQ);
+        let (l, r) = r.split_at_mut(BQ);
+        let (alpha, r) = r.split_at_mut(BQ);
+        rest = r;
+        // Transposed query block, zero padded to a multiple of 16 columns.
+        for i in 0..nq {
+            let qrow = &q[(si0 + i) * qsr..(si0 + i) * qsr + d];
+            for (col, &x) in qt.chunks_exact_mut(BQ).zip(qrow) {
+                col[i] = x;
+            }
+        }
+        if nq < nv * 16 {
+            for col in qt.chunks_exact_mut(BQ) {
+                col[nq..nv * 16].fill(0.0);
+            }
+        }
+        m.fill(f32::NEG_INFINITY);
+        l.fill(0.0);
+        let kend = inp.key_limit(b, si0, nq).min(keys.end);
+        *slot = Some(SubBlock {
+            i0: si0,
+            nq,
+            nv,
+            kend,
+            qt,
+            m,
+            l,
+            alpha,
+        });
+    }
+    o.fill(0.0);
+    let k = inp.k.head(b, h);
+    let v = inp.v.head(b, h);
+    let (ksr, vsr) = (inp.k.sr, inp.v.sr);
+    let kb_row = inp
+        .key_bias
+        .map(|kb| &kb[b * inp.dims.s..(b + 1) * inp.dims.s]);
+    let bias = inp.bias.map(|bs| (bs.head(b, h), bs.sr));
+    let kend = subs.iter().flatten().map(|s| s.kend).max().unwrap_or(0);
+    let mut j0 = keys.start;
+    while j0 < kend {
+        let nk_block = bk.min(kend - j0);
+        if let Some(kb) = kb_row {
+            if kb[j0..j0 + nk_block]
+                .iter()
+                .all(|&x| x == f32::NEG_INFINITY)
+            {
+                j0 += nk_block;
+                continue;
+            }
+        }
+        for (si, sub) in subs.iter_mut().enumerate() {
+            let Some(sub) = sub else { break };
+            if j0 >= sub.kend {
+                continue;
+            }
+            let nk = nk_block.min(sub.kend - j0);
+            let (i0, nq, nv) = (sub.i0, sub.nq, sub.nv);
+            let st = &mut st[..nk * BQ];
+            scores(isa, sub.qt, d, &k[j0 * ksr..], ksr, nk, st, nv, inp.qscale);
+            if let Some(kb) = kb_row {
+                add_key_bias(isa, st, nk, &kb[j0..j0 + nk], nv);
+            }
+            if let Some((bias, bsr)) = bias {
+                for i in 0..nq {
+                    let brow = &bias[(i0 + i) * bsr + j0..(i0 + i) * bsr + j0 + nk];
+                    for (j, &x) in brow.iter().enumerate() {
+                        st[j * BQ + i] += x * LOG2_E;
+                    }
+                }
+            }
+            if let Some(off) = inp.causal {
+                // Key j is visible to query i iff j <= i + off; only diagonal blocks need a mask.
+                if j0 + nk > i0 + off + 1 {
+                    for j in 0..nk {
+                        let blocked_queries =
+                            (j0 + j).saturating_sub(off).saturating_sub(i0).min(nq);
+                        st[j * BQ..j * BQ + blocked_queries].fill(f32::NEG_INFINITY);
+                    }
+                }
+            }
+            softmax_update(isa, st, nk, sub.m, sub.l, sub.alpha, nv);
+            let o_sub = &mut o[si * BQ * dv..(si * BQ + nq) * dv];
+            pv(isa, st, nk, &v[j0 * vsr..], vsr, dv, o_sub, nq, sub.alpha);
+        }
+        j0 += nk_block;
+    }
+    if let Some(stats) = stats {
+        for (si, sub) in subs.iter().enumerate() {
+            let Some(sub) = sub else { break };
+            stats[si * BQ..si * BQ + sub.nq].copy_from_slice(&sub.m[..sub.nq]);
+            stats[nq_total + si * BQ..nq_total + si * BQ + sub.nq]
+                .copy_from_slice(&sub.l[..sub.nq]);
+        }
+        return;
+    }
+    for (si, sub) in subs.iter().enumerate() {
+        let Some(sub) = sub else { break };
+        let o_sub = &mut o[si * BQ * dv..(si * BQ + sub.nq) * dv];
+        for (row, &ls) in o_sub.chunks_exact_mut(dv).zip(sub.l.iter()) {
+            let inv = if ls > 0.0 { 1.0 / ls } else { 0.0 };
+            row.iter_mut().for_each(|x| *x *= inv);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel dispatch: safe wrappers that check the lengths each kernel relies on.
+
+#[allow(clippy::too_many_arguments)]
+fn scores(
+    isa: Isa,
+    qt: &[f32],
+    d: usize,
+    k: &[f32],
+    ks: usize,
+    nk: usize,
+    st: &mut [f32],
+    nv: usize,
+    c: f32,
+) {
+    assert!((1..=4).contains(&nv) && qt.len() >= d * BQ && st.len() >= nk * BQ);
+    assert!(nk == 0 || k.len() >= (nk - 1) * ks + d);
+    match isa {
+        // SAFETY: `Isa::Avx512` exists only after `is_x86_feature_detected!("avx512f")`; the
+        // asserts above are exactly the length preconditions of `avx512::scores`.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe {
+            super::avx512::scores(qt.as_ptr(), d, k.as_ptr(), ks, nk, st.as_mut_ptr(), nv, c)
+        },
+        // SAFETY: `Isa::Avx2` exists only after detecting avx2 and fma.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::scores(qt, d, k, ks, nk, st, nv, c) },
+        Isa::Portable => portable::scores::<false>(qt, d, k, ks, nk, st, nv, c),
+    }
+}
+
+fn add_key_bias(isa: Isa, st: &mut [f32], nk: usize, kb: &[f32], nv: usize) {
+    assert!(nv <= 4 && kb.len() >= nk && st.len() >= nk * BQ);
+    match isa {
+        // SAFETY: avx512f detected (see `Isa`); lengths asserted above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { super::avx512::add_key_bias(st.as_mut_ptr(), nk, kb.as_ptr(), nv) },
+        _ => {
+            for (j, &b) in kb[..nk].iter().enumerate() {
+                st[j * BQ..j * BQ + 16 * nv]
+                    .iter_mut()
+                    .for_each(|x| *x += b);
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn softmax_update(
+    isa: Isa,
+    st: &mut [f32],
+    nk: usize,
+    m: &mut [f32],
+    l: &mut [f32],
+    alpha: &mut [f32],
+    nv: usize,
+) {
+    assert!(
+        nv <= 4
+            && st.len() >= nk * BQ
+            && m.len() >= 16 * nv
+            && l.len() >= 16 * nv
+            && alpha.len() >= 16 * nv
+    );
+    match isa {
+        // SAFETY: avx512f detected (see `Isa`); lengths asserted above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe {
+            super::avx512::softmax_update(
+                st.as_mut_ptr(),
+                nk,
+                m.as_mut_ptr(),
+                l.as_mut_ptr(),
+                alpha.as_mut_ptr(),
+                nv,
+            )
+        },
+        // SAFETY: avx2 and fma detected (see `Isa`).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::softmax_update(st, nk, m, l, alpha, nv) },
+        Isa::Portable => portable::softmax_update::<false>(st, nk, m, l, alpha, nv),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn pv(
+    isa: Isa,
+    st: &[f32],
+    nk: usize,
+    v: &[f32],
+    vs: usize,
+    dv: usize,
+    o: &mut [f32],
+    nq: usize,
+    alpha: &[f32],
+) {
+    assert!(nq <= BQ && st.len() >= nk * BQ && o.len() >= nq * dv && alpha.len() >= nq);
+    assert!(nk == 0 || v.len() >= (nk - 1) * vs + dv);
+    match isa {
+        // SAFETY: avx512f detected (see `Isa`); lengths asserted above are the preconditions
+        // of `avx512::pv`.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe {
+            super::avx512::pv(
+                st.as_ptr(),
+                nk,
+                v.as_ptr(),
+                vs,
+                dv,
+                o.as_mut_ptr(),
+                nq,
+                alpha.as_ptr(),
+            )
+        },
+        // SAFETY: avx2 and fma detected (see `Isa`).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::pv(st, nk, v, vs, dv, o, nq, alpha) },
+        Isa::Portable => portable::pv::<false>(st, nk, v, vs, dv, o, nq, alpha),
+    }
+}
+
+/// The portable kernels compiled with AVX2 and FMA enabled.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    #![allow(clippy::too_many_arguments)]
+    use super::portable;
+
+    /// # Safety
+    /// The CPU supports AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn scores(
+        qt: &[f32],
+        d: usize,
+        k: &[f32],
+        ks: usize,
+        nk: usize,
+        st: &mut [f32],
+        nv: usize,
+        c: f32,
+    ) {
+        portable::scores::<true>(qt, d, k, ks, nk, st, nv, c)
+    }
+
+    /// # Safety
+    /// The CPU supports AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn softmax_update(
+        st: &mut [f32],
+        nk: usize,
+        m: &mut [f32],
+        l: &mut [f32],
+        alpha: &mut [f32],
+        nv: usize,
+    ) {
+        portable::softmax_update::<true>(st, nk, m, l, alpha, nv)
+    }
+
+    /// # Safety
+    /// The CPU supports AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn pv(
+        st: &[f32],
+        nk: usize,
+        v: &[f32],
+        vs: usize,
+        dv: usize,
+        o: &mut [f32],
+        nq: usize,
+        alpha: &[f32],
+    ) {
+        portable::pv::<true>(st, nk, v, vs, dv, o, nq, alpha)
+    }
+}
+
+/// Plain-Rust kernels written to auto-vectorise; `FMA` selects fused multiply-adds (only
+/// when compiled with the `fma` target feature, where they are single instructions).
+pub(crate) mod portable {
+    #![allow(clippy::too_many_arguments)]
+    use super::BQ;
+
+    #[inline(always)]
+    pub fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+        if FMA {
+            a.mul_add(b, c)
+        } else {
+            a * b + c
+        }
+    }
+
+    /// `2^x`, branch-free (vectorisable); `0` for `x < -126.5` (including `-inf`).
+    #[inline(always)]
+    pub fn exp2<const FMA: bool>(x: f32) -> f32 {
+        let x = x.clamp(-127.0, 127.0);
+        let n = (x + 12_582_912.0) - 12_582_912.0; // round to nearest
+        let f = x - n;
+        let c = super::EXP2_POLY;
+        let mut p = c[0];
+        for &ci in &c[1..] {
+            p = fma::<FMA>(p, f, ci);
+        }
+        // n = -127 gives the bit pattern of +0.0.
+        p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    }
+
+    #[inline(always)]
+    pub fn scores<const FMA: bool>(
+        qt: &[f32],
+        d: usize,
+        k: &[f32],
+        ks: usize,
+        nk: usize,
+        st: &mut [f32],
+        nv: usize,
+        c: f32,
+    ) {
+        let w = 16 * nv;
+        for j in 0..nk {
+            let row = &mut st[j * BQ..j * BQ + w];
+            row.fill(0.0);
+            for (dd, &kv) in k[j * ks..j * ks + d].iter().enumerate() {
+                for (s, &q) in row.iter_mut().zip(&qt[dd * BQ..dd * BQ + w]) {
+                    *s = fma::<FMA>(kv, q, *s);
+                }
+            }
+            row.iter_mut().for_each(|s| *s *= c);
+        }
+    }
+
+    #[inline(always)]
+    pub fn softmax_update<const FMA: bool>(
+        st: &mut [f32],
+        nk: usize,
+        m: &mut [f32],
+        l: &mut [f32],
+        alpha: &mut [f32],
+        nv: usize,
+    ) {
+        let w = 16 * nv;
+        let mut mx = [f32::NEG_INFINITY; BQ];
+        for j in 0..nk {
+            for (a, &s) in mx[..w].iter_mut().zip(&st[j * BQ..j * BQ + w]) {
+                *a = a.max(s);
+            }
+        }
+        let mut m_use = [0f32; BQ];
+        for i in 0..w {
+            let m_new = m[i].max(mx[i]);
+            m_use[i] = if m_new == f32::NEG_INFINITY {
+                0.0
+            } else {
+                m_new
+            };
+            alpha[i] = exp2::<FMA>(m[i] - m_use[i]);
+            m[i] = m_new;
+        }
+        let mut sum = [0f32; BQ];
+        for j in 0..nk {
+            let row = &mut st[j * BQ..j * BQ + w];
+            for ((s, &mu), acc) in row.iter_mut().zip(&m_use[..w]).zip(&mut sum[..w]) {
+                *s = exp2::<FMA>(*s - mu);
+                *acc += *s;
+            }
+        }
+        for i in 0..w {
+            l[i] = fma::<FMA>(l[i], alpha[i], sum[i]);
+        }
+    }
+
+    #[inline(always)]
+    pub fn pv<const FMA: bool>(
+        st: &[f32],
+        nk: usize,
+        v: &[f32],
+        vs: usize,
+        dv: usize,
+        o: &mut [f32],
+        nq: usize,
+        alpha: &[f32],
+    ) {
+        for (i, orow) in o.chunks_exact_mut(dv).take(nq).enumerate() {
+            let a = alpha[i];
+            orow.iter_mut().for_each(|x| *x *= a);
+            for j in 0..nk {
+                let p = st[j * BQ + i];
+                for (x, &vv) in orow.iter_mut().zip(&v[j * vs..j * vs + dv]) {
+                    *x = fma::<FMA>(p, vv, *x);
+                }
+            }
+        }
+    }
+}
