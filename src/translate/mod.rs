@@ -9,6 +9,7 @@
 //!   the German morpheme tokenizer, with JSON vocabularies.
 //! * [`train`]: training the [`crate::transformer::Seq2Seq`] (Adam, warm-up, label smoothing,
 //!   length batches, checkpoints) and [`translator`]: loading the trained model and translating.
+//! * [`heatmap`]: cross-attention heatmaps as SVG or PNG (embedded DejaVu font).
 //!
 //! ```
 //! use candle_attention::translate::{english, german, parse_english};
@@ -20,6 +21,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod heatmap;
 pub mod numbers;
 pub mod tokenizer;
 pub mod train;

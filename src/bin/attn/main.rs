@@ -7,6 +7,7 @@ mod inspect;
 mod run_mha;
 mod run_transformer;
 mod train;
+mod translate;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use std::process::ExitCode;
@@ -30,6 +31,8 @@ enum Command {
     Bench(BenchCommand),
     /// Train the English -> German number translator (progress bar; resumable).
     Train(train::TrainArgs),
+    /// Translate English number words into German (arguments, or lines on stdin).
+    Translate(translate::TranslateArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -101,6 +104,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Mha(args)) => bench::mha(&args),
         Command::Bench(BenchCommand::Decode(args)) => bench_decode::run(&args),
         Command::Train(args) => train::run(&args),
+        Command::Translate(args) => translate::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
