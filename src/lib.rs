@@ -47,6 +47,8 @@
 //! # Ok(()) }
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod decode;
 pub mod kv_cache;
 pub mod mask;
