@@ -22,6 +22,7 @@
 //! ```
 
 pub mod heatmap;
+pub mod metrics;
 pub mod numbers;
 pub mod tokenizer;
 pub mod train;
