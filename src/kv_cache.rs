@@ -72,20 +72,24 @@ impl KvCache {
             self.len = new_len;
             return Ok((k_all, v_all));
         }
-        if new_len > cap {
+        // Full: move the valid prefix into buffers of at least twice the capacity.
+        let (kb, vb) = if new_len > cap {
             let grow = |buf: &Tensor, x: &Tensor| -> candle::Result<Tensor> {
                 let new_cap = new_len.max(2 * cap);
                 let extra =
                     Tensor::zeros((b, h, new_cap - self.len, x.dim(3)?), x.dtype(), x.device())?;
                 Tensor::cat(&[&buf.narrow(2, 0, self.len)?, &extra], 2)
             };
-            self.buffers = Some((grow(kb, k)?, grow(vb, v)?));
-        }
-        let (kb, vb) = self.buffers.as_ref().expect("set above");
+            (grow(kb, k)?, grow(vb, v)?)
+        } else {
+            (kb.clone(), vb.clone())
+        };
         kb.slice_set(&k.contiguous()?, 2, self.len)?;
         vb.slice_set(&v.contiguous()?, 2, self.len)?;
         self.len = new_len;
-        Ok((kb.narrow(2, 0, new_len)?, vb.narrow(2, 0, new_len)?))
+        let views = (kb.narrow(2, 0, new_len)?, vb.narrow(2, 0, new_len)?);
+        self.buffers = Some((kb, vb));
+        Ok(views)
     }
 
     /// Keeps batch rows `rows` (e.g. the surviving beams), in that order: `(B', H, S, head_dim)`.
