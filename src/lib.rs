@@ -48,6 +48,8 @@
 //! ```
 
 #![warn(missing_docs)]
+// Every `unsafe` block says why it is sound (issue 6); CI runs clippy with -D warnings.
+#![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
 pub mod decode;
 pub mod kv_cache;

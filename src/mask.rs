@@ -209,7 +209,7 @@ impl Mask {
             let t = t.to_dtype(DType::F32)?;
             additive = Some(match additive.take() {
                 None => t,
-                Some(a) => a.broadcast_add(&t)?,
+                Some(a) => add_blocking_wins(&a, &t)?,
             });
             Ok(())
         };
@@ -241,7 +241,7 @@ impl Mask {
             }
         };
         let bias = match (blocked_bias, additive) {
-            (Some(b), Some(a)) => b.broadcast_add(&a)?,
+            (Some(b), Some(a)) => add_blocking_wins(&b, &a)?,
             (Some(b), None) => b,
             (None, Some(a)) => a,
             (None, None) => return Ok(None),
@@ -295,7 +295,7 @@ impl Mask {
                     };
                     parts.key_bias = Some(match parts.key_bias.take() {
                         None => t,
-                        Some(kb) => (kb + t)?,
+                        Some(kb) => add_blocking_wins(&kb, &t)?,
                     });
                 }
                 MaskTerm::Blocked(_) | MaskTerm::Additive(_) => rest.terms.push(term.clone()),
@@ -304,6 +304,20 @@ impl Mask {
         parts.bias = rest.to_bias(shape, device)?;
         Ok(parts)
     }
+}
+
+/// `a + b` (broadcast, `f32`) where `-inf` in either blocks: `-inf` even where the other
+/// holds `+inf` or NaN (plain addition would give NaN there). Masks combine this way, so a
+/// blocked position stays blocked whatever an additive mask adds to it, and every kernel can
+/// skip blocked keys without reading them.
+pub(crate) fn add_blocking_wins(a: &Tensor, b: &Tensor) -> candle::Result<Tensor> {
+    let sum = a.broadcast_add(b)?;
+    let blocked = a
+        .eq(f32::NEG_INFINITY)?
+        .broadcast_maximum(&b.eq(f32::NEG_INFINITY)?)?
+        .broadcast_as(sum.shape())?;
+    let neg_inf = Tensor::new(f32::NEG_INFINITY, a.device())?.broadcast_as(sum.shape())?;
+    blocked.where_cond(&neg_inf, &sum)
 }
 
 fn check_rank(what: &str, t: &Tensor, ranks: &[usize]) -> candle::Result<()> {

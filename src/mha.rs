@@ -472,7 +472,7 @@ impl MultiHeadAttention {
 
     /// Projects queries `(B, L, E)` and splits the heads: `(B, H, L, head_dim)`.
     pub fn project_query(&self, query: &Tensor) -> candle::Result<Tensor> {
-        self.split_heads(&self.q_proj.forward(query)?)
+        self.split_heads(&linear(&self.q_proj, query)?)
     }
 
     /// Projects keys `(B, S, kdim)` and values `(B, S, vdim)` and splits the heads: two
@@ -485,8 +485,8 @@ impl MultiHeadAttention {
         value: &Tensor,
     ) -> candle::Result<(Tensor, Tensor)> {
         Ok((
-            self.split_heads(&self.k_proj.forward(key)?)?,
-            self.split_heads(&self.v_proj.forward(value)?)?,
+            self.split_heads(&linear(&self.k_proj, key)?)?,
+            self.split_heads(&linear(&self.v_proj, value)?)?,
         ))
     }
 
@@ -555,7 +555,7 @@ impl MultiHeadAttention {
             .output
             .transpose(1, 2)?
             .reshape((b, l, self.cfg.embed_dim))?;
-        let output = self.out_proj.forward(&output)?;
+        let output = linear(&self.out_proj, &output)?;
         let weights = match attn.weights {
             Some(w) if args.average_weights => Some(w.mean(1)?),
             w => w,
@@ -571,4 +571,19 @@ impl Module for MultiHeadAttention {
     fn forward(&self, xs: &Tensor) -> candle::Result<Tensor> {
         Ok(self.attend(xs, xs, xs, &AttentionArgs::default())?.output)
     }
+}
+
+/// `lin.forward(x)` for `x` `(..., in)` → `(..., out)`, also when `x` has no elements (a
+/// zero-length sequence or batch), which candle-nn's `Linear` cannot reshape.
+pub(crate) fn linear(lin: &Linear, x: &Tensor) -> candle::Result<Tensor> {
+    if x.elem_count() > 0 {
+        return lin.forward(x);
+    }
+    let mut dims = x.dims().to_vec();
+    let out = lin.weight().dim(0)?;
+    match dims.last_mut() {
+        Some(last) => *last = out,
+        None => candle::bail!("linear layer input must have at least one dimension"),
+    }
+    Tensor::zeros(dims, x.dtype(), x.device())
 }

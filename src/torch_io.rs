@@ -6,8 +6,9 @@
 //! (`safetensors.torch.save_file`) runs through [`MultiHeadAttention`] exactly as torch would
 //! run it. This is what `attn run mha` and `attn run transformer` do.
 
-use crate::mask::Mask;
+use crate::mask::{AttentionShape, Mask};
 use crate::mha::{AttentionArgs, MultiHeadAttention};
+use crate::sdpa::{naive_attention_bytes, uses_memory_efficient_kernel};
 use crate::transformer::{Transformer, TransformerMasks};
 use crate::weights::TensorFile;
 use candle::{DType, Device, Tensor};
@@ -118,6 +119,44 @@ pub struct TorchMhaOptions {
     pub need_weights: bool,
     /// Average weights over heads (torch's `average_attn_weights`).
     pub average_weights: bool,
+    /// Refuse the call when attention would take the naive path (weights requested, or a
+    /// non-CPU device) and its scores would need more than this many bytes
+    /// ([`crate::sdpa::naive_attention_bytes`]). `None`: no limit. The memory-efficient
+    /// kernel is never limited: its memory grows linearly with the sequence lengths.
+    pub max_attention_bytes: Option<u64>,
+}
+
+/// The limit `attn run` applies by default: 4 GiB of naive attention scores.
+pub const DEFAULT_MAX_ATTENTION_BYTES: u64 = 4 << 30;
+
+/// Fails with a message naming the sizes when naive attention of `shape` on `device` would
+/// exceed `limit` bytes; `hint` says how to avoid it.
+pub fn check_attention_memory(
+    shape: AttentionShape,
+    device: &Device,
+    dtype: DType,
+    need_weights: bool,
+    limit: Option<u64>,
+    hint: &str,
+) -> candle::Result<()> {
+    let Some(limit) = limit else { return Ok(()) };
+    if uses_memory_efficient_kernel(device, dtype, need_weights) {
+        return Ok(());
+    }
+    let bytes = naive_attention_bytes(shape);
+    if bytes > limit {
+        candle::bail!(
+            "attention over batch {} x {} heads x {} queries x {} keys would need {:.2} GiB for \
+             its scores on the naive path, above the limit of {:.2} GiB; {hint}",
+            shape.batch,
+            shape.heads,
+            shape.q_len,
+            shape.k_len,
+            bytes as f64 / (1u64 << 30) as f64,
+            limit as f64 / (1u64 << 30) as f64
+        )
+    }
+    Ok(())
 }
 
 /// What torch's `nn.MultiheadAttention.forward` returns.
@@ -160,6 +199,40 @@ pub fn run_mha(
         Some(v) => to_ours(v)?,
         None => key.clone(),
     };
+    {
+        // Sizes in our layout: (N, L, E) or unbatched (L, E).
+        let (batch, q_len) = match query.dims() {
+            [n, l, _] => (*n, *l),
+            [l, _] => (1, *l),
+            _ => (1, 0),
+        };
+        let k_len = key
+            .dims()
+            .get(key.rank().saturating_sub(2))
+            .copied()
+            .unwrap_or(0);
+        let cfg = mha.config();
+        let extra = usize::from(cfg.add_bias_kv) + usize::from(cfg.add_zero_attn);
+        let shape = AttentionShape {
+            batch,
+            heads: cfg.num_heads,
+            q_len,
+            k_len: k_len.saturating_add(extra),
+        };
+        let hint = if opts.need_weights {
+            "ask for no attention weights (attn run mha --no-weights) to use the memory-efficient kernel"
+        } else {
+            "run on the CPU, where the memory-efficient kernel needs no such memory"
+        };
+        check_attention_memory(
+            shape,
+            query.device(),
+            mha.dtype(),
+            opts.need_weights,
+            opts.max_attention_bytes,
+            hint,
+        )?;
+    }
     let mut mask = match &inputs.attn_mask {
         Some(m) => Mask::attn_mask(m.clone())?,
         None => Mask::none(),
@@ -245,10 +318,14 @@ impl TorchTransformerInputs {
 }
 
 /// Runs `model` on torch-layout inputs (eval mode) and returns `output` in the layout of `tgt`.
+/// `max_attention_bytes` is the limit of [`TorchMhaOptions::max_attention_bytes`], checked
+/// for the encoder, decoder and cross attention (it only binds off the CPU, where the
+/// Transformer's attention takes the naive path).
 pub fn run_transformer(
     model: &Transformer,
     inputs: &TorchTransformerInputs,
     batch_first: bool,
+    max_attention_bytes: Option<u64>,
 ) -> candle::Result<Tensor> {
     let (src_rank, tgt_rank) = (inputs.src.rank(), inputs.tgt.rank());
     if src_rank != tgt_rank || !(src_rank == 2 || src_rank == 3) {
@@ -291,12 +368,30 @@ pub fn run_transformer(
         tgt_key_padding_mask: tgt_kpm.as_ref(),
         memory_key_padding_mask: mem_kpm.as_ref(),
     };
-    let out = model.forward(
-        &to_ours(&inputs.src)?,
-        &to_ours(&inputs.tgt)?,
-        &masks,
-        false,
-    )?;
+    let (src, tgt) = (to_ours(&inputs.src)?, to_ours(&inputs.tgt)?);
+    let seq = |t: &Tensor| t.dims().get(1).copied().unwrap_or(0);
+    let heads = model.config().nhead;
+    for (q_len, k_len) in [
+        (seq(&src), seq(&src)),
+        (seq(&tgt), seq(&tgt)),
+        (seq(&tgt), seq(&src)),
+    ] {
+        let shape = AttentionShape {
+            batch: src.dims().first().copied().unwrap_or(0),
+            heads,
+            q_len,
+            k_len,
+        };
+        check_attention_memory(
+            shape,
+            src.device(),
+            src.dtype(),
+            false,
+            max_attention_bytes,
+            "run on the CPU, where the memory-efficient kernel needs no such memory",
+        )?;
+    }
+    let out = model.forward(&src, &tgt, &masks, false)?;
     if unbatched {
         out.squeeze(0)
     } else if batch_first {

@@ -18,6 +18,7 @@ fn options(case: &MhaCase) -> TorchMhaOptions {
         causal: case.causal,
         need_weights: case.need_weights,
         average_weights: case.average_attn_weights,
+        max_attention_bytes: None,
     }
 }
 

@@ -79,7 +79,7 @@ fn library_matches_torch_on_every_fixture() {
             &dev,
         )
         .unwrap();
-        let output = run_transformer(&model, &inputs, case.batch_first).unwrap();
+        let output = run_transformer(&model, &inputs, case.batch_first, None).unwrap();
         match compare(&output, &expected_output(&case), case.atol, case.rtol) {
             Ok(err) => println!("{:<32} {:>12.2e}  {}", case.name, err, case.description),
             Err(e) => failures.push(format!("{}: {e}", case.name)),

@@ -158,3 +158,63 @@ fn translate_command_lines_errors_and_heatmap() {
         "{stderr}"
     );
 }
+
+/// The written model is the mean of the weights at the averaged checkpoints, not the last ones.
+#[test]
+fn the_model_averages_the_last_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TrainConfig {
+        checkpoint_every: 10,
+        average_last: 3,
+        ..tiny(30)
+    };
+    assert_eq!(cfg.averaged_steps(), vec![10, 20, 30]);
+    train(&cfg, dir.path(), &Device::Cpu, |_| {}, |_| {}).unwrap();
+    let model = weights(dir.path());
+    let snapshots: Vec<Vec<(String, Vec<f32>)>> = [10, 20, 30]
+        .iter()
+        .map(|s| {
+            let d = tempfile::tempdir().unwrap();
+            std::fs::copy(
+                dir.path().join(format!("average/step-{s}.safetensors")),
+                d.path().join("model.safetensors"),
+            )
+            .unwrap();
+            weights(d.path())
+        })
+        .collect();
+    let last = &snapshots[2];
+    let mut differs_from_last = false;
+    for (i, (name, values)) in model.iter().enumerate() {
+        for (j, &x) in values.iter().enumerate() {
+            let mean = (snapshots[0][i].1[j] + snapshots[1][i].1[j] + snapshots[2][i].1[j]) / 3.0;
+            assert!(
+                (x - mean).abs() <= 1e-6 * (1.0 + mean.abs()),
+                "{name}[{j}]: {x} vs {mean}"
+            );
+            differs_from_last |= x != last[i].1[j];
+        }
+    }
+    assert!(
+        differs_from_last,
+        "the model is the final weights, not the average"
+    );
+    // Short runs average what exists; 1 or no checkpoints means the final weights.
+    assert_eq!(
+        TrainConfig {
+            checkpoint_every: 10,
+            average_last: 5,
+            ..tiny(25)
+        }
+        .averaged_steps(),
+        vec![5, 15, 25]
+    );
+    assert_eq!(
+        TrainConfig {
+            checkpoint_every: 0,
+            ..tiny(25)
+        }
+        .averaged_steps(),
+        vec![25]
+    );
+}

@@ -23,14 +23,19 @@ const RS: usize = 6;
 const RP: usize = 6;
 
 /// `2^x` for `x <= 0` (also right for moderately positive `x`), 16 lanes; anything below
-/// -126 (including `-inf`) gives exactly `0`. Relative error about 2e-7 (degree-6 polynomial on
+/// -126 (including `-inf`) gives exactly `0`, NaN gives NaN. Relative error about 2e-7 (degree-6 polynomial on
 /// `[-0.5, 0.5]`). Never produces a denormal: on Intel cores an underflowing `vscalefps`
 /// takes a microcode assist (~100 cycles), which made masked tiles several times slower.
+///
+/// # Safety
+/// AVX-512F available (it only computes on registers; no memory is touched).
 #[inline(always)]
 unsafe fn exp2_ps(x: __m512) -> __m512 {
-    let live = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(-126.0));
-    let x = _mm512_max_ps(x, _mm512_set1_ps(-126.0));
-    let x = _mm512_min_ps(x, _mm512_set1_ps(127.0));
+    // NaN must stay NaN (a NaN or +inf score makes torch's row NaN, and ours): `NLT_UQ` is
+    // true for NaN, and max/min return their second operand when either is NaN.
+    let live = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, _mm512_set1_ps(-126.0));
+    let x = _mm512_max_ps(_mm512_set1_ps(-126.0), x);
+    let x = _mm512_min_ps(_mm512_set1_ps(127.0), x);
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
     let f = _mm512_sub_ps(x, n);
     let c = EXP2_POLY;
@@ -59,6 +64,7 @@ pub unsafe fn scores(
     nv: usize,
     c: f32,
 ) {
+    // SAFETY: the caller's contract with `nv` in 1..=4, which is `scores_nv::<NV>`'s contract.
     match nv {
         1 => scores_nv::<1>(qt, d, k, ks, nk, st, c),
         2 => scores_nv::<2>(qt, d, k, ks, nk, st, c),
@@ -67,6 +73,10 @@ pub unsafe fn scores(
     }
 }
 
+/// [`scores`] for `nv = NV`.
+///
+/// # Safety
+/// As [`scores`] with `nv = NV` (`1 <= NV <= 4`).
 #[inline(always)]
 unsafe fn scores_nv<const NV: usize>(
     qt: *const f32,
@@ -80,9 +90,14 @@ unsafe fn scores_nv<const NV: usize>(
     let c = _mm512_set1_ps(c);
     let mut j = 0;
     while j + RS <= nk {
+        // SAFETY: keys j .. j + RS exist (j + RS <= nk): `k.add(j * ks)` is readable for
+        // (RS - 1) * ks + d floats because (j + RS - 1) * ks + d <= (nk - 1) * ks + d, and
+        // `st.add(j * BQ)` writable for RS * BQ floats because (j + RS) * BQ <= nk * BQ.
         scores_tile::<NV, RS>(qt, d, k.add(j * ks), ks, st.add(j * BQ), c);
         j += RS;
     }
+    // SAFETY: as in the loop, for the remaining nk - j < RS keys (R = nk - j below); `add`
+    // stays within (or one past) the allocations because j <= nk.
     let (kj, sj) = (k.add(j * ks), st.add(j * BQ));
     match nk - j {
         1 => scores_tile::<NV, 1>(qt, d, kj, ks, sj, c),
@@ -95,6 +110,11 @@ unsafe fn scores_nv<const NV: usize>(
 }
 
 /// `R` keys × `16 * NV` queries, accumulators in registers over the whole head dimension.
+///
+/// # Safety
+/// AVX-512F available; `NV <= 4` (so `16 * NV <= BQ`); `qt` readable for `d * BQ` floats
+/// (it reads `qt[dd * BQ + 16 v ..][..16]`); `k` readable for `(R - 1) * ks + d` floats
+/// (`k[r * ks + dd]`); `st` writable for `R * BQ` floats (`st[r * BQ + 16 v ..][..16]`).
 #[inline(always)]
 unsafe fn scores_tile<const NV: usize, const R: usize>(
     qt: *const f32,
@@ -131,6 +151,8 @@ unsafe fn scores_tile<const NV: usize, const R: usize>(
 /// AVX-512F available; `nv <= 4`; `kb` readable for `nk` floats; `st` writable for `nk * BQ`.
 #[target_feature(enable = "avx512f")]
 pub unsafe fn add_key_bias(st: *mut f32, nk: usize, kb: *const f32, nv: usize) {
+    // Reads kb[j] for j < nk and st[j * BQ + 16 v ..][..16] with 16 v + 16 <= BQ: within the
+    // caller's contract.
     for j in 0..nk {
         let b = _mm512_set1_ps(*kb.add(j));
         let row = st.add(j * BQ);
@@ -159,6 +181,9 @@ pub unsafe fn softmax_update(
     nv: usize,
 ) {
     let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
+    // Every access below is `col[j * BQ ..][..16]` with `j < nk` and `16 * v + 16 <= 16 * nv
+    // <= BQ`, inside the `nk * BQ` floats of `st`, or `m`/`l`/`alpha[16 * v ..][..16]`, inside
+    // their `16 * nv` floats: the caller's contract.
     for v in 0..nv {
         let col = st.add(16 * v);
         let m_old = _mm512_loadu_ps(m.add(16 * v));
@@ -238,6 +263,11 @@ pub unsafe fn pv(
         } else {
             (1u16 << last) - 1
         };
+        // SAFETY: columns c0 .. c0 + w of every row lie inside the rows the caller vouches
+        // for (c0 + w <= dv): of `v` rows j < nk at stride vs, of `o` rows i < nq at stride
+        // dv. `pv_cols` touches exactly those columns: 16 per vector, the last masked by
+        // `tail` to its `last` lanes (masked-off lanes are neither read nor written, and
+        // AVX-512 suppresses faults on them).
         let (vc, oc) = (v.add(c0), o.add(c0));
         match nvv {
             1 => pv_cols::<1>(st, nk, vc, vs, dv, oc, nq, alpha, tail),
@@ -249,6 +279,12 @@ pub unsafe fn pv(
     }
 }
 
+/// [`pv`] for the `16 * (NV - 1) + popcount(tail)` columns starting at `v` / `o`.
+///
+/// # Safety
+/// AVX-512F available; `1 <= NV <= 4`; `nq <= BQ`; `st` readable for `nk * BQ` floats;
+/// `alpha` for `nq`; the columns named above of `v` rows `j < nk` (stride `vs`) readable and
+/// of `o` rows `i < nq` (stride `ostride`) readable and writable.
 #[inline(always)]
 unsafe fn pv_cols<const NV: usize>(
     st: *const f32,
@@ -263,6 +299,8 @@ unsafe fn pv_cols<const NV: usize>(
 ) {
     let mut i = 0;
     while i + RP <= nq {
+        // SAFETY: rows i .. i + RP exist (i + RP <= nq): `st.add(i)` read at j * BQ + r with
+        // i + r < nq <= BQ stays in nk * BQ; `o` and `alpha` rows i + r < nq.
         pv_tile::<NV, RP>(
             st.add(i),
             nk,
@@ -275,6 +313,7 @@ unsafe fn pv_cols<const NV: usize>(
         );
         i += RP;
     }
+    // SAFETY: as in the loop, for the remaining nq - i < RP rows (i <= nq).
     let (si, oi, ai) = (st.add(i), o.add(i * ostride), alpha.add(i));
     match nq - i {
         1 => pv_tile::<NV, 1>(si, nk, v, vs, ostride, oi, ai, tail),
@@ -287,6 +326,11 @@ unsafe fn pv_cols<const NV: usize>(
 }
 
 /// `R` output rows × `16 * NV` columns (the last vector masked by `tail`).
+///
+/// # Safety
+/// AVX-512F available; `st` readable at `j * BQ + r` for `j < nk`, `r < R`; `alpha` for `R`
+/// floats; the columns of [`pv_cols`] of `v` rows `j < nk` readable and of `o` rows `r < R`
+/// (stride `ostride`) readable and writable.
 #[inline(always)]
 unsafe fn pv_tile<const NV: usize, const R: usize>(
     st: *const f32,

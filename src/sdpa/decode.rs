@@ -96,6 +96,12 @@ fn run(isa: Isa, inp: &Inputs, out: &mut [f32], bk: usize) {
             let m = (0..nchunks)
                 .map(|c| part(c).0)
                 .fold(f32::NEG_INFINITY, f32::max);
+            // A NaN or +inf score leaves a NaN sum in its chunk (the maximum may have dropped
+            // the NaN): the row is NaN, as in torch and the naive path.
+            if (0..nchunks).any(|c| part(c).1.is_nan()) {
+                orow.fill(f32::NAN);
+                continue;
+            }
             orow.fill(0.0);
             if m == f32::NEG_INFINITY {
                 continue; // every key masked: zeros
@@ -110,7 +116,8 @@ fn run(isa: Isa, inp: &Inputs, out: &mut [f32], bk: usize) {
                 total += lc * w;
                 orow.iter_mut().zip(acc).for_each(|(o, &a)| *o += w * a);
             }
-            let inv = if total > 0.0 { 1.0 / total } else { 0.0 };
+            // NaN (from a NaN or +inf score) stays NaN, as in torch.
+            let inv = if total == 0.0 { 0.0 } else { 1.0 / total };
             orow.iter_mut().for_each(|o| *o *= inv);
         }
     });

@@ -29,6 +29,9 @@ pub mod decode;
 pub mod naive;
 pub mod tiled;
 
+#[cfg(test)]
+mod kernel_tests;
+
 use crate::mask::{AttentionShape, Mask};
 use candle::{DType, Device, Tensor};
 
@@ -86,9 +89,7 @@ pub fn scaled_dot_product_attention(
         None => 1.0 / (head_dim as f64).sqrt(),
     };
     args.mask.validate(shape)?;
-    let fast = matches!(q.device(), Device::Cpu)
-        && matches!(q.dtype(), DType::F32 | DType::F16 | DType::BF16)
-        && !args.need_weights
+    let fast = uses_memory_efficient_kernel(q.device(), q.dtype(), args.need_weights)
         && args.dropout == 0.0
         && ![q, k, v].iter().any(|t| t.track_op());
     if fast {
@@ -119,6 +120,23 @@ pub fn scaled_dot_product_attention(
         args.need_weights,
     )?;
     Ok(AttentionOutput { output, weights })
+}
+
+/// True when [`scaled_dot_product_attention`] runs inputs on `device` of `dtype` with the
+/// memory-efficient kernels (O(L + S) extra memory per head) rather than the naive path,
+/// which materialises the `(B, H, L, S)` scores. Also needed: no dropout and no autograd.
+pub fn uses_memory_efficient_kernel(device: &Device, dtype: DType, need_weights: bool) -> bool {
+    matches!(device, Device::Cpu)
+        && matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+        && !need_weights
+}
+
+/// Bytes the naive path allocates at its peak for `shape`: the `f32` scores, their
+/// probabilities and the masked/biased copy, `3 × 4 × B·H·L·S` (saturating).
+pub fn naive_attention_bytes(shape: AttentionShape) -> u64 {
+    [shape.batch, shape.heads, shape.q_len, shape.k_len, 12]
+        .iter()
+        .fold(1u64, |acc, &x| acc.saturating_mul(x as u64))
 }
 
 /// Checks ranks, sizes, dtypes and devices of `q`, `k`, `v`; returns `(B, H, L, S)`.

@@ -70,7 +70,9 @@ pub fn attention(
 /// Replaces the rows whose bias is `-inf` everywhere (softmax gives NaN there) by zeros.
 /// `weights` `(B, H, L, S)`, `bias` broadcastable to it.
 fn zero_fully_masked_rows(weights: &Tensor, bias: &Tensor) -> candle::Result<Tensor> {
-    let dead_rows = bias.max_keepdim(D::Minus1)?.eq(f64::NEG_INFINITY)?; // (B|1, H|1, L, 1)
+    // "Every entry is -inf", not "the maximum is -inf": a max can skip NaN, and a NaN in the
+    // bias must make the row NaN (as in torch), not zeros.
+    let dead_rows = bias.eq(f64::NEG_INFINITY)?.min_keepdim(D::Minus1)?; // (B|1, H|1, L, 1), U8
     let dead = dead_rows.broadcast_as(weights.shape())?;
     let zeros =
         Tensor::zeros((), weights.dtype(), weights.device())?.broadcast_as(weights.shape())?;

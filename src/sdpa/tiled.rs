@@ -567,7 +567,14 @@ pub(crate) fn query_group(
                 for i in 0..nq {
                     let brow = &bias[(i0 + i) * bsr + j0..(i0 + i) * bsr + j0 + nk];
                     for (j, &x) in brow.iter().enumerate() {
-                        st[j * BQ + i] += x * LOG2_E;
+                        let s = &mut st[j * BQ + i];
+                        // -inf (blocked) wins over a +inf / NaN key bias, as in
+                        // `Mask::to_bias`, instead of making NaN.
+                        *s = if x == f32::NEG_INFINITY || *s == f32::NEG_INFINITY {
+                            f32::NEG_INFINITY
+                        } else {
+                            *s + x * LOG2_E
+                        };
                     }
                 }
             }
@@ -600,7 +607,8 @@ pub(crate) fn query_group(
         let Some(sub) = sub else { break };
         let o_sub = &mut o[si * BQ * dv..(si * BQ + sub.nq) * dv];
         for (row, &ls) in o_sub.chunks_exact_mut(dv).zip(sub.l.iter()) {
-            let inv = if ls > 0.0 { 1.0 / ls } else { 0.0 };
+            // 0: every key masked, zeros. NaN (a NaN or +inf score): NaN, as torch.
+            let inv = if ls == 0.0 { 0.0 } else { 1.0 / ls };
             row.iter_mut().for_each(|x| *x *= inv);
         }
     }

@@ -1,7 +1,7 @@
 //! The position-wise feed-forward network, `linear2(dropout(act(linear1(x))))` (paper eq. 2).
 
 use super::config::{Activation, TransformerConfig};
-use candle::{Module, Tensor};
+use candle::Tensor;
 use candle_nn::{Linear, VarBuilder};
 
 /// Two linear layers around an activation. Tensor names: `linear1.{weight,bias}`
@@ -36,8 +36,10 @@ impl FeedForward {
 
     /// `xs` `(B, T, d_model)` → `(B, T, d_model)`; dropout on the inner layer when `train`.
     pub fn forward(&self, xs: &Tensor, train: bool) -> candle::Result<Tensor> {
-        let h = self.activation.apply(&self.linear1.forward(xs)?)?;
-        self.linear2.forward(&dropout(&h, self.dropout, train)?)
+        let h = self
+            .activation
+            .apply(&crate::mha::linear(&self.linear1, xs)?)?;
+        crate::mha::linear(&self.linear2, &dropout(&h, self.dropout, train)?)
     }
 }
 

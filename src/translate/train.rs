@@ -2,7 +2,8 @@
 //! `β = (0.9, 0.98)`, `ε = 1e-9` and the warm-up schedule
 //! `lr = scale · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)`, label smoothing, batches
 //! of similar lengths under a token budget, periodic greedy evaluation on the held-out numbers,
-//! safetensors checkpoints and exact resumption.
+//! safetensors checkpoints, exact resumption, and the paper's checkpoint averaging (section
+//! 6.1: the model written is the mean of the weights at the last 5 checkpoints).
 //!
 //! Reproducibility: weights are initialised from the seed (xavier-uniform matrices, `N(0,
 //! d_model^-0.5)` embeddings, unit norms, zero biases) and batches are drawn from the seed, so
@@ -13,6 +14,7 @@
 use super::numbers::{german, numbers, Split};
 use super::tokenizer::{EnglishTokenizer, GermanTokenizer, BOS, EOS, PAD};
 use crate::transformer::{Seq2Seq, Seq2SeqConfig, TransformerConfig};
+use crate::weights::TensorFile;
 use candle::{DType, Device, Tensor, Var, D};
 use candle_nn::{VarBuilder, VarMap};
 use serde::{Deserialize, Serialize};
@@ -51,9 +53,22 @@ pub struct TrainConfig {
     pub eval_samples: usize,
     /// Write a checkpoint every this many steps (0: only at the end).
     pub checkpoint_every: usize,
+    /// The model written at the end is the average of the weights at this many checkpoints:
+    /// the final step and every `checkpoint_every` steps before it (section 6.1 of the paper
+    /// averages the last 5). 1 (or `checkpoint_every` 0): the final weights alone. Averaging
+    /// smooths out where on its last oscillation the optimiser happens to stop.
+    #[serde(default = "one")]
+    pub average_last: usize,
     /// Train on this many numbers, spread evenly over the training split (0: all of them);
     /// for quick runs and tests.
     pub max_examples: usize,
+    /// How many times each training number below 1,000 appears per epoch; numbers below
+    /// 10,000 appear a tenth as often (at least once), the rest once. Short numbers are 0.1%
+    /// of `0..=999_999` but what people type most, and a model that has seen too few short
+    /// targets does not learn to stop after one or two words ("seven" came out as
+    /// "siebensiebensieben..." without it). 1: no oversampling.
+    #[serde(default = "one")]
+    pub oversample_small: usize,
 }
 
 impl Default for TrainConfig {
@@ -67,14 +82,16 @@ impl Default for TrainConfig {
             dropout: 0.0,
             batch_tokens: 6000,
             steps: 2400,
-            warmup: 400,
-            lr_scale: 1.0,
+            warmup: 600,
+            lr_scale: 0.3,
             label_smoothing: 0.1,
             seed: 1234,
             eval_every: 200,
             eval_samples: 1000,
             checkpoint_every: 200,
+            average_last: 5,
             max_examples: 0,
+            oversample_small: 40,
         }
     }
 }
@@ -110,17 +127,34 @@ impl TrainConfig {
     }
 
     /// True when a checkpoint written under `self` can continue as `other`: everything that
-    /// shapes the model, the data and the optimisation is equal; only the step count and the
-    /// evaluation and checkpoint intervals may differ (so a run can be extended).
+    /// shapes the model, the data and the optimisation is equal; only the step count, the
+    /// evaluation and checkpoint intervals and the averaging may differ (so a run can be
+    /// extended).
     pub fn resumable_as(&self, other: &TrainConfig) -> bool {
         let normalise = |c: &TrainConfig| TrainConfig {
             steps: 0,
             eval_every: 0,
             eval_samples: 0,
             checkpoint_every: 0,
+            average_last: 0,
             ..c.clone()
         };
         normalise(self) == normalise(other)
+    }
+
+    /// The steps whose weights the final model averages: the final step and every
+    /// `checkpoint_every` steps before it, `average_last` in all (fewer if the run is short).
+    pub fn averaged_steps(&self) -> Vec<usize> {
+        if self.checkpoint_every == 0 || self.average_last <= 1 {
+            return vec![self.steps];
+        }
+        let mut steps: Vec<usize> = (0..self.average_last)
+            .map(|i| i * self.checkpoint_every)
+            .take_while(|&back| back < self.steps)
+            .map(|back| self.steps - back)
+            .collect();
+        steps.reverse();
+        steps
     }
 
     fn validate(&self) -> candle::Result<()> {
@@ -139,6 +173,10 @@ impl TrainConfig {
         }
         Ok(())
     }
+}
+
+fn one() -> usize {
+    1
 }
 
 /// A small, seedable generator (SplitMix64): batch order and initial weights.
@@ -195,24 +233,37 @@ pub struct Example {
 }
 
 /// The tokenised training numbers (`Split::Train`); with `limit > 0`, that many spread evenly
-/// over the split.
+/// over the split. Each number below 1,000 is repeated `oversample_small` times and each
+/// below 10,000 `oversample_small / 10` times (see [`TrainConfig::oversample_small`]).
 pub fn training_examples(
     en: &EnglishTokenizer,
     de: &GermanTokenizer,
     limit: usize,
+    oversample_small: usize,
 ) -> candle::Result<Vec<Example>> {
     let all: Vec<u32> = numbers(Split::Train).collect();
     let stride = all.len().checked_div(limit).unwrap_or(1).max(1);
-    all.iter()
+    let repeats = |n: u32| match n {
+        0..=999 => oversample_small.max(1),
+        1_000..=9_999 => (oversample_small / 10).max(1),
+        _ => 1,
+    };
+    let mut examples = Vec::with_capacity(all.len());
+    for &n in all
+        .iter()
         .step_by(stride)
         .take(if limit == 0 { usize::MAX } else { limit })
-        .map(|&n| {
-            Ok(Example {
-                src: en.encode_number(n)?,
-                tgt: de.encode_number(n)?,
-            })
-        })
-        .collect()
+    {
+        let example = Example {
+            src: en.encode_number(n)?,
+            tgt: de.encode_number(n)?,
+        };
+        for _ in 1..repeats(n) {
+            examples.push(example.clone());
+        }
+        examples.push(example);
+    }
+    Ok(examples)
 }
 
 /// Groups example indices into batches of similar lengths whose padded size (source plus
@@ -540,7 +591,7 @@ pub fn train(
     std::fs::create_dir_all(out_dir).map_err(io)?;
     let en = EnglishTokenizer::build()?;
     let de = GermanTokenizer::build()?;
-    let examples = training_examples(&en, &de, cfg.max_examples)?;
+    let examples = training_examples(&en, &de, cfg.max_examples, cfg.oversample_small)?;
     let model_cfg = cfg.model_config(en.vocab().len(), de.vocab().len());
     let mut varmap = VarMap::new();
     let model = Seq2Seq::new(
@@ -573,6 +624,12 @@ pub fn train(
         adam.save(&out_dir.join("optimizer.safetensors"))?;
         write_json(&state_json, state)
     };
+    // Weights of the averaged steps, kept on disk so that a resumed run averages the same.
+    let averaged = cfg.averaged_steps();
+    let average_dir = out_dir.join("average");
+    if averaged.len() > 1 {
+        std::fs::create_dir_all(&average_dir).map_err(io)?;
+    }
     while state.step < cfg.steps {
         let mut rng = SplitMix64::new(
             cfg.seed ^ (state.epoch as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
@@ -608,6 +665,9 @@ pub fn train(
             if cfg.checkpoint_every > 0 && state.step % cfg.checkpoint_every == 0 {
                 checkpoint(&state, &adam)?;
             }
+            if averaged.len() > 1 && averaged.contains(&state.step) {
+                varmap.save(average_dir.join(format!("step-{}.safetensors", state.step)))?;
+            }
             if state.step >= cfg.steps {
                 break;
             }
@@ -618,11 +678,66 @@ pub fn train(
         }
     }
     checkpoint(&state, &adam)?;
-    varmap.save(out_dir.join(ModelFiles::WEIGHTS))?;
+    if averaged.len() > 1 {
+        let files: Vec<PathBuf> = averaged
+            .iter()
+            .map(|s| average_dir.join(format!("step-{s}.safetensors")))
+            .collect();
+        average_weights(&files, &out_dir.join(ModelFiles::WEIGHTS))?;
+    } else {
+        varmap.save(out_dir.join(ModelFiles::WEIGHTS))?;
+    }
     model_cfg.save(out_dir.join(ModelFiles::CONFIG))?;
     en.save(out_dir.join(ModelFiles::SRC_VOCAB))?;
     de.save(out_dir.join(ModelFiles::TGT_VOCAB))?;
     Ok(out_dir.to_path_buf())
+}
+
+/// Writes to `out` the element-wise mean of the weights in `files` (safetensors files with the
+/// same tensor names and shapes), summed in `f32` in file order. Errors name the file that is
+/// missing or disagrees.
+pub fn average_weights(files: &[PathBuf], out: &Path) -> candle::Result<()> {
+    let Some((first, rest)) = files.split_first() else {
+        candle::bail!("no weight files to average")
+    };
+    let load = |p: &PathBuf| TensorFile::open(p);
+    let first_file = load(first)?;
+    let names: Vec<String> = first_file.names().iter().map(|n| n.to_string()).collect();
+    let mut sums: Vec<Tensor> = names
+        .iter()
+        .map(|n| first_file.load_as(n, DType::F32, &Device::Cpu))
+        .collect::<candle::Result<_>>()?;
+    for path in rest {
+        let file = load(path)?;
+        if file.names().len() != names.len() {
+            candle::bail!(
+                "{} holds {} tensors but {} holds {}: not checkpoints of one model",
+                path.display(),
+                file.names().len(),
+                first.display(),
+                names.len()
+            )
+        }
+        for (sum, name) in sums.iter_mut().zip(&names) {
+            let t = file.load_as(name, DType::F32, &Device::Cpu)?;
+            if t.dims() != sum.dims() {
+                candle::bail!(
+                    "'{name}' is {:?} in {} but {:?} in {}",
+                    t.dims(),
+                    path.display(),
+                    sum.dims(),
+                    first.display()
+                )
+            }
+            *sum = (&*sum + t)?;
+        }
+    }
+    let n = files.len() as f64;
+    let mut tensors = HashMap::new();
+    for (name, sum) in names.into_iter().zip(sums) {
+        tensors.insert(name, (sum / n)?);
+    }
+    candle::safetensors::save(&tensors, out)
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> candle::Result<T> {

@@ -12,6 +12,9 @@ use std::path::Path;
 /// `0..=999_999` has 16).
 pub const MAX_OUTPUT_TOKENS: usize = 40;
 
+/// Texts decoded together at most by [`Translator::translate`]; longer lists are split.
+pub const MAX_BATCH: usize = 256;
+
 /// A trained English → German number translator: model, config and both vocabularies.
 pub struct Translator {
     model: Seq2Seq,
@@ -70,9 +73,9 @@ impl Translator {
     }
 
     /// Translates each text (English number words, num2words' form or the American one without
-    /// "and" and commas, any case). Valid texts are translated together in one batch; each
-    /// invalid one (empty, an unknown or misplaced word, out of `0..=999_999`) gets its own
-    /// error instead of a made-up answer. `beam` 1 is greedy.
+    /// "and" and commas, any case). Valid texts are translated together in batches of at
+    /// most [`MAX_BATCH`]; each invalid one (empty, an unknown or misplaced word, out of
+    /// `0..=999_999`) gets its own error instead of a made-up answer. `beam` 1 is greedy.
     pub fn translate(
         &self,
         texts: &[&str],
@@ -80,12 +83,12 @@ impl Translator {
     ) -> candle::Result<Vec<candle::Result<String>>> {
         let encoded: Vec<candle::Result<Vec<u32>>> = texts.iter().map(|t| self.encode(t)).collect();
         let valid: Vec<&Vec<u32>> = encoded.iter().filter_map(|e| e.as_ref().ok()).collect();
-        let mut outputs = if valid.is_empty() {
-            Vec::new()
-        } else {
-            self.generate(&valid, beam)?
+        // Batches of at most MAX_BATCH keep memory flat however many lines arrive.
+        let mut outputs = Vec::with_capacity(valid.len());
+        for batch in valid.chunks(MAX_BATCH) {
+            outputs.extend(self.generate(batch, beam)?);
         }
-        .into_iter();
+        let mut outputs = outputs.into_iter();
         Ok(encoded
             .into_iter()
             .map(|e| match e {

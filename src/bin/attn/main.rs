@@ -114,3 +114,11 @@ fn main() -> ExitCode {
         }
     }
 }
+
+/// `--max-attention-memory` in bytes (`None` for 0: no limit).
+pub fn attention_limit(gib: f64) -> anyhow::Result<Option<u64>> {
+    if !gib.is_finite() || gib < 0.0 {
+        anyhow::bail!("--max-attention-memory must be a non-negative number of GiB, got {gib}")
+    }
+    Ok((gib > 0.0).then_some((gib * (1u64 << 30) as f64) as u64))
+}

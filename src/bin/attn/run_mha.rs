@@ -40,6 +40,10 @@ pub struct RunMhaArgs {
     output: PathBuf,
     #[arg(long, value_enum, default_value = "cpu")]
     device: DeviceArg,
+    /// Refuse to run when attention would take the naive path (attention weights requested,
+    /// or not on the CPU) and its scores would need more than this many GiB; 0 for no limit.
+    #[arg(long, default_value_t = 4.0, value_name = "GIB")]
+    max_attention_memory: f64,
     #[arg(long, value_enum, default_value = "f32")]
     dtype: DTypeArg,
 }
@@ -66,6 +70,7 @@ pub fn run(args: &RunMhaArgs) -> anyhow::Result<()> {
         causal: args.causal,
         need_weights: !args.no_weights,
         average_weights: !args.per_head_weights,
+        max_attention_bytes: crate::attention_limit(args.max_attention_memory)?,
     };
     let out = run_mha(&mha, &inputs, opts).context("running multi-head attention")?;
     let mut tensors = vec![("output", &out.output)];

@@ -39,6 +39,10 @@ pub struct RunTransformerArgs {
     output: PathBuf,
     #[arg(long, value_enum, default_value = "cpu")]
     device: DeviceArg,
+    /// Refuse to run when attention would take the naive path (attention weights requested,
+    /// or not on the CPU) and its scores would need more than this many GiB; 0 for no limit.
+    #[arg(long, default_value_t = 4.0, value_name = "GIB")]
+    max_attention_memory: f64,
     #[arg(long, value_enum, default_value = "f32")]
     dtype: DTypeArg,
 }
@@ -66,8 +70,13 @@ pub fn run(args: &RunTransformerArgs) -> anyhow::Result<()> {
         .with_context(|| format!("loading the transformer from {}", args.weights.display()))?;
     let inputs =
         TorchTransformerInputs::from_file(&TensorFile::open(&args.inputs)?, dtype, &device)?;
-    let output =
-        run_transformer(&model, &inputs, args.batch_first).context("running the transformer")?;
+    let output = run_transformer(
+        &model,
+        &inputs,
+        args.batch_first,
+        crate::attention_limit(args.max_attention_memory)?,
+    )
+    .context("running the transformer")?;
     save_tensors(&[("output", &output)], &args.output)?;
     Ok(())
 }

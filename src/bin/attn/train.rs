@@ -53,9 +53,16 @@ pub struct TrainArgs {
     /// Checkpoint every N steps.
     #[arg(long)]
     checkpoint_every: Option<usize>,
+    /// Write the average of the weights at the last N checkpoints as the model (1: the final
+    /// weights).
+    #[arg(long)]
+    average_last: Option<usize>,
     /// Train on this many numbers only (0: all).
     #[arg(long)]
     max_examples: Option<usize>,
+    /// Repeats per epoch of each number below 1,000 (a tenth of it below 10,000).
+    #[arg(long)]
+    oversample_small: Option<usize>,
 }
 
 impl TrainArgs {
@@ -77,7 +84,9 @@ impl TrainArgs {
             eval_every: self.eval_every.unwrap_or(d.eval_every),
             eval_samples: self.eval_samples.unwrap_or(d.eval_samples),
             checkpoint_every: self.checkpoint_every.unwrap_or(d.checkpoint_every),
+            average_last: self.average_last.unwrap_or(d.average_last),
             max_examples: self.max_examples.unwrap_or(d.max_examples),
+            oversample_small: self.oversample_small.unwrap_or(d.oversample_small),
         }
     }
 }
