@@ -126,6 +126,9 @@ pub struct TorchMhaOptions {
     pub max_attention_bytes: Option<u64>,
 }
 
+/// What to do when naive attention off the CPU is over the limit.
+const OFF_CPU_HINT: &str = "run on the CPU, where the memory-efficient kernel needs no such memory";
+
 /// The limit `attn run` applies by default: 4 GiB of naive attention scores.
 pub const DEFAULT_MAX_ATTENTION_BYTES: u64 = 4 << 30;
 
@@ -222,7 +225,7 @@ pub fn run_mha(
         let hint = if opts.need_weights {
             "ask for no attention weights (attn run mha --no-weights) to use the memory-efficient kernel"
         } else {
-            "run on the CPU, where the memory-efficient kernel needs no such memory"
+            OFF_CPU_HINT
         };
         check_attention_memory(
             shape,
@@ -388,7 +391,7 @@ pub fn run_transformer(
             src.dtype(),
             false,
             max_attention_bytes,
-            "run on the CPU, where the memory-efficient kernel needs no such memory",
+            OFF_CPU_HINT,
         )?;
     }
     let out = model.forward(&src, &tgt, &masks, false)?;
