@@ -45,8 +45,17 @@ def torch_dtype(name):
 
 
 def iters_for(n, base):
-    # Fewer iterations for the big shapes (seconds each); at least 3.
-    return max(3, base if n <= 1024 else base // 3)
+    # About the same wall time per measurement at every N: fewer iterations for the big
+    # shapes (seconds each), more for the small ones (0.2 ms each at N = 128, where 10
+    # iterations would time mostly the first calls of a fresh process: thread-pool wake-up,
+    # scratch growth, page faults). Both sides always get the same count; at least 3.
+    if n > 1024:
+        return max(3, base // 3)
+    return max(3, base * min(64, (1024 // max(n, 1)) ** 2))
+
+
+def warmup_for(iters, base):
+    return max(base, iters // 10)
 
 
 def main():
@@ -59,7 +68,8 @@ def main():
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"])
     p.add_argument("--rounds", type=int, default=3, help="alternations torch/attn per shape")
-    p.add_argument("--iters", type=int, default=10, help="timed iterations per round (fewer for N > 1024)")
+    p.add_argument("--iters", type=int, default=10,
+                   help="timed iterations per round at N = 1024 (N > 1024: a third; N < 1024: x (1024/N)^2, at most x64)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--skip-causal", action="store_true")
     p.add_argument("--padding-sizes", default="1024,4096", help="B=4 key padding rows; '' to skip")
@@ -78,7 +88,7 @@ def main():
     def attn_cmd(b, n, causal, impls, iters, key_lengths=None):
         cmd = [a.attn, "bench", "attention", "--batch", str(b), "--heads", str(a.heads),
                "--seq-q", str(n), "--seq-k", str(n), "--head-dim", str(a.head_dim),
-               "--dtype", a.dtype, "--iters", str(iters), "--warmup", str(a.warmup),
+               "--dtype", a.dtype, "--iters", str(iters), "--warmup", str(warmup_for(iters, a.warmup)),
                "--impl", ",".join(impls), "--json"]
         if causal:
             cmd.append("--causal")
@@ -103,7 +113,7 @@ def main():
         for _ in range(a.rounds):
             with torch.no_grad():
                 t_ms.append(torch_time(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal),
-                                       iters, a.warmup))
+                                       iters, warmup_for(iters, a.warmup)))
             res = attn_json(attn_cmd(b, n, causal, impls, iters, key_lengths), env)
             for r in res:
                 (o_ms if r["impl"] == "auto" else f_ms).append(r["median_ms"])
@@ -124,9 +134,9 @@ def main():
         t_ms, o_ms = [], []
         for _ in range(a.rounds):
             with torch.no_grad():
-                t_ms.append(torch_time(lambda: mha(x, x, x, need_weights=False), iters, a.warmup))
+                t_ms.append(torch_time(lambda: mha(x, x, x, need_weights=False), iters, warmup_for(iters, a.warmup)))
             cmd = [a.attn, "bench", "mha", "--seq", str(n), "--embed-dim", str(e), "--heads", str(h),
-                   "--dtype", a.dtype, "--iters", str(iters), "--warmup", str(a.warmup), "--json"]
+                   "--dtype", a.dtype, "--iters", str(iters), "--warmup", str(warmup_for(iters, a.warmup)), "--json"]
             for r in attn_json(cmd, env):
                 o_ms.append(r["median_ms"])
                 if a.json:

@@ -7,10 +7,11 @@
 //! Layout is batch first: inputs `(batch, seq, features)`, or `(seq, features)` unbatched.
 
 use crate::mask::{AttentionShape, Mask};
+use crate::projection::Projection;
 use crate::sdpa::{scaled_dot_product_attention, AttentionOutput, SdpaArgs};
 use crate::weights::{MhaLayout, MhaWeightsInfo};
 use candle::{DType, Module, Tensor};
-use candle_nn::{Init, Linear, VarBuilder};
+use candle_nn::{Init, VarBuilder};
 
 /// The hyper-parameters of a [`MultiHeadAttention`], named as in `torch.nn.MultiheadAttention`.
 #[derive(Clone, Debug, PartialEq)]
@@ -166,10 +167,16 @@ impl Default for AttentionArgs<'_> {
 pub struct MultiHeadAttention {
     cfg: MultiHeadAttentionConfig,
     layout: MhaLayout,
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    out_proj: Linear,
+    q_proj: Projection,
+    k_proj: Projection,
+    v_proj: Projection,
+    out_proj: Projection,
+    /// Q, K and V in one `(E, 3E)` projection (when `kdim = vdim = E`), of which `q_proj`,
+    /// `k_proj` and `v_proj` are views: self-attention projects its input once.
+    qkv_proj: Option<Projection>,
+    /// K and V in one `(E, 2E)` view of `qkv_proj`: encoder-decoder attention projects the
+    /// memory once.
+    kv_proj: Option<Projection>,
     /// `bias_k` and `bias_v`, each `(1, 1, E)`.
     bias_kv: Option<(Tensor, Tensor)>,
 }
@@ -262,7 +269,8 @@ impl MultiHeadAttention {
                 vb.get(len, name)
             }
         };
-        let (q_w, k_w, v_w) = match layout {
+        // The input projections, with the fused (3E, E) weight and (3E) bias when there is one.
+        let (q_w, k_w, v_w, fused_w) = match layout {
             MhaLayout::TorchFused => {
                 if cfg.kdim != e || cfg.vdim != e {
                     candle::bail!(
@@ -277,21 +285,24 @@ impl MultiHeadAttention {
                     w.narrow(0, 0, e)?,
                     w.narrow(0, e, e)?,
                     w.narrow(0, 2 * e, e)?,
+                    Some(w),
                 )
             }
             MhaLayout::TorchSeparate => (
                 get((e, e), "q_proj_weight", xavier(e, e))?,
                 get((e, cfg.kdim), "k_proj_weight", xavier(e, cfg.kdim))?,
                 get((e, cfg.vdim), "v_proj_weight", xavier(e, cfg.vdim))?,
+                None,
             ),
             MhaLayout::HuggingFace => (
                 get((e, e), "q_proj.weight", xavier(e, e))?,
                 get((e, cfg.kdim), "k_proj.weight", xavier(e, cfg.kdim))?,
                 get((e, cfg.vdim), "v_proj.weight", xavier(e, cfg.vdim))?,
+                None,
             ),
         };
-        let (q_b, k_b, v_b) = if !cfg.bias {
-            (None, None, None)
+        let (q_b, k_b, v_b, fused_b) = if !cfg.bias {
+            (None, None, None, None)
         } else {
             match layout {
                 MhaLayout::TorchFused | MhaLayout::TorchSeparate => {
@@ -300,14 +311,53 @@ impl MultiHeadAttention {
                         Some(b.narrow(0, 0, e)?),
                         Some(b.narrow(0, e, e)?),
                         Some(b.narrow(0, 2 * e, e)?),
+                        Some(b),
                     )
                 }
                 MhaLayout::HuggingFace => (
                     Some(get_vec(e, "q_proj.bias")?),
                     Some(get_vec(e, "k_proj.bias")?),
                     Some(get_vec(e, "v_proj.bias")?),
+                    None,
                 ),
             }
+        };
+        let square = cfg.kdim == e && cfg.vdim == e;
+        // Separate tensors are concatenated into one fused weight only when they are
+        // constants: a copy of a `Var` would not see its training updates.
+        let constants = [&q_w, &k_w, &v_w]
+            .into_iter()
+            .chain([&q_b, &k_b, &v_b].into_iter().flatten())
+            .all(|t| !t.track_op());
+        let fused = match (fused_w, fused_b) {
+            (Some(w), b) if square && (b.is_some() || !cfg.bias) => Some((w, b)),
+            _ if square && constants => Some((
+                Tensor::cat(&[&q_w, &k_w, &v_w], 0)?,
+                match (&q_b, &k_b, &v_b) {
+                    (Some(q), Some(k), Some(v)) => Some(Tensor::cat(&[q, k, v], 0)?),
+                    _ => None,
+                },
+            )),
+            _ => None,
+        };
+        let (q_proj, k_proj, v_proj, qkv_proj, kv_proj) = match fused {
+            Some((w, b)) => {
+                let qkv = Projection::new(&w, b)?;
+                (
+                    qkv.narrow_outputs(0, e)?,
+                    qkv.narrow_outputs(e, e)?,
+                    qkv.narrow_outputs(2 * e, e)?,
+                    Some(qkv.clone()),
+                    Some(qkv.narrow_outputs(e, 2 * e)?),
+                )
+            }
+            None => (
+                Projection::new(&q_w, q_b)?,
+                Projection::new(&k_w, k_b)?,
+                Projection::new(&v_w, v_b)?,
+                None,
+                None,
+            ),
         };
         let out_bound = 1.0 / (e as f64).sqrt();
         let out_w = get(
@@ -336,10 +386,12 @@ impl MultiHeadAttention {
             None
         };
         Ok(Self {
-            q_proj: Linear::new(q_w, q_b),
-            k_proj: Linear::new(k_w, k_b),
-            v_proj: Linear::new(v_w, v_b),
-            out_proj: Linear::new(out_w, out_b),
+            q_proj,
+            k_proj,
+            v_proj,
+            out_proj: Projection::new(&out_w, out_b)?,
+            qkv_proj,
+            kv_proj,
             bias_kv,
             layout,
             cfg,
@@ -358,7 +410,7 @@ impl MultiHeadAttention {
 
     /// The dtype of the weights; inputs must have it.
     pub fn dtype(&self) -> DType {
-        self.out_proj.weight().dtype()
+        self.out_proj.dtype()
     }
 
     /// Attention of `query` over `key`/`value`.
@@ -380,6 +432,7 @@ impl MultiHeadAttention {
         value: &Tensor,
         args: &AttentionArgs,
     ) -> candle::Result<AttentionOutput> {
+        let (query_in, key_in, value_in) = (query, key, value);
         let unbatched = query.rank() == 2;
         let expected_rank = if unbatched { 2 } else { 3 };
         for (name, t, feat) in [
@@ -443,8 +496,17 @@ impl MultiHeadAttention {
             Some(kp) if unbatched && kp.rank() == 1 => Some(kp.unsqueeze(0)?),
             kp => kp.cloned(),
         };
-        let q = self.project_query(&query)?;
-        let (k, v) = self.project_key_value(&key, &value)?;
+        // Self-attention (one tensor passed three times) projects it once.
+        let (q, k, v) = match &self.qkv_proj {
+            Some(qkv) if query_in.id() == key_in.id() && key_in.id() == value_in.id() => {
+                let [q, k, v] = self.split_fused::<3>(&qkv.forward(&query)?)?;
+                (q, k, v)
+            }
+            _ => {
+                let (k, v) = self.project_key_value(&key, &value)?;
+                (self.project_query(&query)?, k, v)
+            }
+        };
         let batched_args = AttentionArgs {
             key_padding: key_padding.as_ref(),
             ..args.clone()
@@ -470,9 +532,24 @@ impl MultiHeadAttention {
             .transpose(1, 2)
     }
 
+    /// `(B, N, C · E)`, the output of a fused projection, → `C` tensors `(B, H, N, head_dim)`:
+    /// strided views of it, no copies.
+    fn split_fused<const C: usize>(&self, t: &Tensor) -> candle::Result<[Tensor; C]> {
+        let (b, n, _) = t.dims3()?;
+        let (h, hd) = (self.cfg.num_heads, self.cfg.head_dim());
+        let t = t.reshape((b, n, C, h, hd))?;
+        let mut parts = Vec::with_capacity(C);
+        for i in 0..C {
+            parts.push(t.narrow(2, i, 1)?.squeeze(2)?.transpose(1, 2)?);
+        }
+        Ok(parts
+            .try_into()
+            .expect("one part per projection was pushed"))
+    }
+
     /// Projects queries `(B, L, E)` and splits the heads: `(B, H, L, head_dim)`.
     pub fn project_query(&self, query: &Tensor) -> candle::Result<Tensor> {
-        self.split_heads(&linear(&self.q_proj, query)?)
+        self.split_heads(&self.q_proj.forward(query)?)
     }
 
     /// Projects keys `(B, S, kdim)` and values `(B, S, vdim)` and splits the heads: two
@@ -484,9 +561,16 @@ impl MultiHeadAttention {
         key: &Tensor,
         value: &Tensor,
     ) -> candle::Result<(Tensor, Tensor)> {
+        if let Some(kv) = &self.kv_proj {
+            // Encoder-decoder attention passes the memory as both: one product for both.
+            if key.id() == value.id() {
+                let [k, v] = self.split_fused::<2>(&kv.forward(key)?)?;
+                return Ok((k, v));
+            }
+        }
         Ok((
-            self.split_heads(&linear(&self.k_proj, key)?)?,
-            self.split_heads(&linear(&self.v_proj, value)?)?,
+            self.split_heads(&self.k_proj.forward(key)?)?,
+            self.split_heads(&self.v_proj.forward(value)?)?,
         ))
     }
 
@@ -555,7 +639,7 @@ impl MultiHeadAttention {
             .output
             .transpose(1, 2)?
             .reshape((b, l, self.cfg.embed_dim))?;
-        let output = linear(&self.out_proj, &output)?;
+        let output = self.out_proj.forward(&output)?;
         let weights = match attn.weights {
             Some(w) if args.average_weights => Some(w.mean(1)?),
             w => w,
@@ -571,19 +655,4 @@ impl Module for MultiHeadAttention {
     fn forward(&self, xs: &Tensor) -> candle::Result<Tensor> {
         Ok(self.attend(xs, xs, xs, &AttentionArgs::default())?.output)
     }
-}
-
-/// `lin.forward(x)` for `x` `(..., in)` → `(..., out)`, also when `x` has no elements (a
-/// zero-length sequence or batch), which candle-nn's `Linear` cannot reshape.
-pub(crate) fn linear(lin: &Linear, x: &Tensor) -> candle::Result<Tensor> {
-    if x.elem_count() > 0 {
-        return lin.forward(x);
-    }
-    let mut dims = x.dims().to_vec();
-    let out = lin.weight().dim(0)?;
-    match dims.last_mut() {
-        Some(last) => *last = out,
-        None => candle::bail!("linear layer input must have at least one dimension"),
-    }
-    Tensor::zeros(dims, x.dtype(), x.device())
 }

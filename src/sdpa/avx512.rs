@@ -235,13 +235,14 @@ pub unsafe fn softmax_update(
     }
 }
 
-/// `o[i, :] = alpha[i] * o[i, :] + Σ_j st[j * BQ + i] * v[j * vs ..][:dv]` for queries
-/// `0..nq`, keys `0..nk`.
+/// `o[i * os ..][:dv] = alpha[i] * o[i * os ..][:dv] + Σ_j st[j * BQ + i] * v[j * vs ..][:dv]`
+/// for rows `0..nq`, keys `0..nk`. (Also the projection GEMM of [`crate::projection`], with
+/// `st` a transposed block of inputs and `v` the transposed weight.)
 ///
 /// # Safety
-/// AVX-512F available; `nq <= BQ`; `st` readable for `nk * BQ` floats; `v` for
-/// `(nk - 1) * vs + dv` floats (when `nk > 0`); `o` readable and writable for `nq * dv`
-/// floats; `alpha` readable for `nq` floats.
+/// AVX-512F available; `nq <= BQ`; `dv <= os` when `nq > 1`; `st` readable for `nk * BQ`
+/// floats; `v` for `(nk - 1) * vs + dv` floats (when `nk > 0`); `o` readable and writable for
+/// `(nq - 1) * os + dv` floats (when `nq > 0`); `alpha` readable for `nq` floats.
 #[target_feature(enable = "avx512f")]
 pub unsafe fn pv(
     st: *const f32,
@@ -250,6 +251,7 @@ pub unsafe fn pv(
     vs: usize,
     dv: usize,
     o: *mut f32,
+    os: usize,
     nq: usize,
     alpha: *const f32,
 ) {
@@ -265,15 +267,15 @@ pub unsafe fn pv(
         };
         // SAFETY: columns c0 .. c0 + w of every row lie inside the rows the caller vouches
         // for (c0 + w <= dv): of `v` rows j < nk at stride vs, of `o` rows i < nq at stride
-        // dv. `pv_cols` touches exactly those columns: 16 per vector, the last masked by
+        // os. `pv_cols` touches exactly those columns: 16 per vector, the last masked by
         // `tail` to its `last` lanes (masked-off lanes are neither read nor written, and
         // AVX-512 suppresses faults on them).
         let (vc, oc) = (v.add(c0), o.add(c0));
         match nvv {
-            1 => pv_cols::<1>(st, nk, vc, vs, dv, oc, nq, alpha, tail),
-            2 => pv_cols::<2>(st, nk, vc, vs, dv, oc, nq, alpha, tail),
-            3 => pv_cols::<3>(st, nk, vc, vs, dv, oc, nq, alpha, tail),
-            _ => pv_cols::<4>(st, nk, vc, vs, dv, oc, nq, alpha, tail),
+            1 => pv_cols::<1>(st, nk, vc, vs, os, oc, nq, alpha, tail),
+            2 => pv_cols::<2>(st, nk, vc, vs, os, oc, nq, alpha, tail),
+            3 => pv_cols::<3>(st, nk, vc, vs, os, oc, nq, alpha, tail),
+            _ => pv_cols::<4>(st, nk, vc, vs, os, oc, nq, alpha, tail),
         }
         c0 += 64;
     }

@@ -14,7 +14,8 @@
 //! Extra memory: `O(B · H · chunks · L · Dv)` for the partials. Fully masked rows give zeros.
 
 use super::tiled::{
-    group_scratch_len, query_group, with_scratch, Inputs, Isa, Prepared, TiledConfig, BQ,
+    group_scratch_len, query_group, with_scratch, Inputs, Isa, OutBlock, OutRows, Prepared,
+    TiledConfig, BQ,
 };
 use crate::mask::MaskParts;
 use candle::Tensor;
@@ -61,7 +62,7 @@ pub fn attention_with(
     prep.run(|inp, out| run(isa, inp, out, cfg.block_k))
 }
 
-fn run(isa: Isa, inp: &Inputs, out: &mut [f32], bk: usize) {
+fn run(isa: Isa, inp: &Inputs, out: OutRows, bk: usize) {
     let d = inp.dims;
     let (l, s, dv) = (d.l, d.s, d.dv);
     let g = l.div_ceil(BQ);
@@ -81,44 +82,66 @@ fn run(isa: Isa, inp: &Inputs, out: &mut [f32], bk: usize) {
             let (b, h) = (bh / d.h, bh % d.h);
             let keys = c * chunk..((c + 1) * chunk).min(s);
             let (stats, acc) = part.split_at_mut(2 * l);
+            let acc = OutBlock {
+                ptr: acc.as_mut_ptr(),
+                stride: dv,
+                rows: l,
+            };
             with_scratch(scratch_len, |scratch| {
-                query_group(isa, inp, b, h, 0, acc, bk, g, keys, Some(stats), scratch)
+                // SAFETY: `acc` is the L·Dv floats of this task's `part`, borrowed mutably
+                // for the call; l <= g·BQ by the choice of g.
+                unsafe { query_group(isa, inp, b, h, 0, acc, bk, g, keys, Some(stats), scratch) }
             });
         });
-    out.par_chunks_mut(l * dv).enumerate().for_each(|(bh, o)| {
+    // `out` is (B, L, H, Dv): one task per (batch, head) writes its L rows.
+    (0..d.b * d.h).into_par_iter().for_each(|bh| {
         let parts = &parts[bh * nchunks * part_len..(bh + 1) * nchunks * part_len];
-        for (i, orow) in o.chunks_exact_mut(dv).enumerate() {
-            // (m, l, acc) of query i in chunk c.
-            let part = |c: usize| {
-                let p = &parts[c * part_len..(c + 1) * part_len];
-                (p[i], p[l + i], &p[2 * l + i * dv..2 * l + (i + 1) * dv])
-            };
-            let m = (0..nchunks)
-                .map(|c| part(c).0)
-                .fold(f32::NEG_INFINITY, f32::max);
-            // A NaN or +inf score leaves a NaN sum in its chunk (the maximum may have dropped
-            // the NaN): the row is NaN, as in torch and the naive path.
-            if (0..nchunks).any(|c| part(c).1.is_nan()) {
-                orow.fill(f32::NAN);
-                continue;
+        let mut orow = vec![0f32; dv];
+        for i in 0..l {
+            merge_row(parts, nchunks, l, dv, i, &mut orow);
+            // SAFETY: row (b, i, h) of the output exists (b < B, h < H, i < L) and is
+            // written by this (b, h) task only; it is Dv floats, and `orow` is not in `out`.
+            unsafe {
+                let row = out.block(bh / d.h, i, bh % d.h, 1);
+                std::ptr::copy_nonoverlapping(orow.as_ptr(), row.ptr, dv);
             }
-            orow.fill(0.0);
-            if m == f32::NEG_INFINITY {
-                continue; // every key masked: zeros
-            }
-            let mut total = 0.0;
-            for c in 0..nchunks {
-                let (mc, lc, acc) = part(c);
-                if mc == f32::NEG_INFINITY {
-                    continue;
-                }
-                let w = (mc - m).exp2();
-                total += lc * w;
-                orow.iter_mut().zip(acc).for_each(|(o, &a)| *o += w * a);
-            }
-            // NaN (from a NaN or +inf score) stays NaN, as in torch.
-            let inv = if total == 0.0 { 0.0 } else { 1.0 / total };
-            orow.iter_mut().for_each(|o| *o *= inv);
         }
     });
+}
+
+/// Output row `i` of one `(batch, head)` from its chunks' partial results `parts`
+/// (`nchunks` of `L · (Dv + 2)` floats: row maxima, row sums, unnormalised rows).
+fn merge_row(parts: &[f32], nchunks: usize, l: usize, dv: usize, i: usize, orow: &mut [f32]) {
+    let part_len = l * (dv + 2);
+    // (m, l, acc) of query i in chunk c.
+    let part = |c: usize| {
+        let p = &parts[c * part_len..(c + 1) * part_len];
+        (p[i], p[l + i], &p[2 * l + i * dv..2 * l + (i + 1) * dv])
+    };
+    let m = (0..nchunks)
+        .map(|c| part(c).0)
+        .fold(f32::NEG_INFINITY, f32::max);
+    // A NaN or +inf score leaves a NaN sum in its chunk (the maximum may have dropped the
+    // NaN): the row is NaN, as in torch and the naive path.
+    if (0..nchunks).any(|c| part(c).1.is_nan()) {
+        orow.fill(f32::NAN);
+        return;
+    }
+    orow.fill(0.0);
+    if m == f32::NEG_INFINITY {
+        return; // every key masked: zeros
+    }
+    let mut total = 0.0;
+    for c in 0..nchunks {
+        let (mc, lc, acc) = part(c);
+        if mc == f32::NEG_INFINITY {
+            continue;
+        }
+        let w = (mc - m).exp2();
+        total += lc * w;
+        orow.iter_mut().zip(acc).for_each(|(o, &a)| *o += w * a);
+    }
+    // NaN (from a NaN or +inf score) stays NaN, as in torch.
+    let inv = if total == 0.0 { 0.0 } else { 1.0 / total };
+    orow.iter_mut().for_each(|o| *o *= inv);
 }

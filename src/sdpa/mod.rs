@@ -24,7 +24,7 @@
 //! result is cast back to the input dtype.
 
 #[cfg(target_arch = "x86_64")]
-mod avx512;
+pub(crate) mod avx512;
 pub mod decode;
 pub mod naive;
 pub mod tiled;

@@ -18,7 +18,9 @@
 //! 4. `O = alpha · O + P · V_blk` with a register-blocked micro-kernel (6 queries × 64 values).
 //!
 //! Scratch (`qt`, the score tile, row statistics) lives in a per-thread buffer reused across
-//! tiles, tasks and calls; the output accumulator is the output block itself. Extra memory is
+//! tiles, tasks and calls; the output accumulator is the output block itself. The output is
+//! laid out `(B, L, H, Dv)` and returned as its `(B, H, L, Dv)` transposed view: multi-head
+//! attention reads it as the concatenated heads `(B, L, H · Dv)` without a copy. Extra memory is
 //! therefore the output plus `threads × (4 · (D + 3) + block_k) · 64` floats.
 //!
 //! Instruction sets are chosen at run time: AVX-512F micro-kernels (the private `avx512` module) when
@@ -251,7 +253,7 @@ fn f32_rows(t: &Tensor) -> candle::Result<Tensor> {
     }
 }
 
-fn cpu_f32(storage: &Storage) -> candle::Result<&[f32]> {
+pub(crate) fn cpu_f32(storage: &Storage) -> candle::Result<&[f32]> {
     match storage {
         Storage::Cpu(s) => s.as_slice::<f32>(),
         _ => candle::bail!("tiled attention runs on CPU tensors only"),
@@ -337,9 +339,14 @@ impl Prepared {
         })
     }
 
-    /// Borrows the storages and runs `kernel(inputs, output)` on a zeroed `(B, H, L, Dv)`
-    /// buffer, returned as a tensor of the input dtype.
-    pub(crate) fn run(&self, kernel: impl FnOnce(&Inputs, &mut [f32])) -> candle::Result<Tensor> {
+    /// Borrows the storages and runs `kernel(inputs, output)` on a zeroed buffer laid out
+    /// `(B, L, H, Dv)`, returned as the `(B, H, L, Dv)` tensor of the input dtype it is a
+    /// transposed view of. That order is what multi-head attention needs next (its heads
+    /// concatenated per position, `(B, L, H · Dv)`), so it gets them without a copy.
+    ///
+    /// The kernel gets the buffer uninitialised and must write every row (zeroing it first
+    /// would be a wasted pass over the output).
+    pub(crate) fn run(&self, kernel: impl FnOnce(&Inputs, OutRows)) -> candle::Result<Tensor> {
         let Dims { b, h, l, s, dv, .. } = self.dims;
         if l == 0 || s == 0 || b == 0 || h == 0 || dv == 0 {
             return Tensor::zeros((b, h, l, dv), self.in_dtype, &Device::Cpu);
@@ -374,14 +381,26 @@ impl Prepared {
             qscale: self.qscale,
             dims: self.dims,
         };
-        let mut out = vec![0f32; b * h * l * dv];
-        kernel(&inputs, &mut out);
-        let out = Tensor::from_vec(out, (b, h, l, dv), &Device::Cpu)?;
-        if self.in_dtype == DType::F32 {
-            Ok(out)
+        let len = b * l * h * dv;
+        let mut out = Vec::<f32>::with_capacity(len);
+        kernel(
+            &inputs,
+            OutRows {
+                ptr: out.as_mut_ptr(),
+                dims: self.dims,
+            },
+        );
+        // SAFETY: the capacity is `len`, and every kernel given to `run` writes all B·L·H
+        // rows of Dv floats (`run_tiled`: every (batch, head, query group) task zeroes then
+        // accumulates its rows; the decode merge writes every (batch, head, query) row).
+        unsafe { out.set_len(len) };
+        let out = Tensor::from_vec(out, (b, l, h, dv), &Device::Cpu)?;
+        let out = if self.in_dtype == DType::F32 {
+            out
         } else {
-            out.to_dtype(self.in_dtype)
-        }
+            out.to_dtype(self.in_dtype)?
+        };
+        out.transpose(1, 2)
     }
 }
 
@@ -417,34 +436,58 @@ fn blocks_per_task(dims: &Dims) -> usize {
     g
 }
 
-fn run_tiled(isa: Isa, inp: &Inputs, out: &mut [f32], bk: usize, g: usize) {
-    let Dims { h, l, d, dv, .. } = inp.dims;
+/// The `(B, L, H, Dv)` output of a kernel, shared by its tasks, each of which writes its own
+/// rows. The memory starts uninitialised: a kernel must write every row.
+#[derive(Clone, Copy)]
+pub(crate) struct OutRows {
+    ptr: *mut f32,
+    dims: Dims,
+}
+// SAFETY: tasks write through the pointer only into rows no other task writes (see the uses),
+// and the buffer outlives the parallel loops.
+unsafe impl Send for OutRows {}
+// SAFETY: as above.
+unsafe impl Sync for OutRows {}
+
+impl OutRows {
+    /// Rows `(b, i0 + i, h)`, `i < rows`, as an [`OutBlock`] (stride `H · Dv`).
+    ///
+    /// # Safety
+    /// `b < B`, `h < H`, `i0 + rows <= L`. (Creating the block is harmless; writing through
+    /// it needs the block's own contract.)
+    pub unsafe fn block(self, b: usize, i0: usize, h: usize, rows: usize) -> OutBlock {
+        let Dims {
+            l, h: heads, dv, ..
+        } = self.dims;
+        debug_assert!(i0 + rows <= l && h < heads);
+        OutBlock {
+            // SAFETY: the offset of row (b, i0, h) is inside the B·L·H·Dv floats.
+            ptr: self.ptr.add(((b * l + i0) * heads + h) * dv),
+            stride: heads * dv,
+            rows,
+        }
+    }
+}
+
+fn run_tiled(isa: Isa, inp: &Inputs, out: OutRows, bk: usize, g: usize) {
+    let Dims { b, h, l, d, .. } = inp.dims;
+    let groups = l.div_ceil(g * BQ);
     let scratch_len = group_scratch_len(d, bk, g);
-    out.par_chunks_mut(l * dv)
-        .enumerate()
-        .for_each(|(bh, head_out)| {
-            let (b, hh) = (bh / h, bh % h);
-            head_out
-                .par_chunks_mut(g * BQ * dv)
-                .enumerate()
-                .for_each(|(gi, o)| {
-                    with_scratch(scratch_len, |scratch| {
-                        query_group(
-                            isa,
-                            inp,
-                            b,
-                            hh,
-                            gi * g * BQ,
-                            o,
-                            bk,
-                            g,
-                            0..inp.dims.s,
-                            None,
-                            scratch,
-                        )
-                    });
-                });
+    (0..b * h * groups).into_par_iter().for_each(|t| {
+        let (bh, gi) = (t / groups, t % groups);
+        let (bb, hh) = (bh / h, bh % h);
+        let i0 = gi * g * BQ;
+        let nq = (g * BQ).min(l - i0);
+        with_scratch(scratch_len, |scratch| {
+            // SAFETY: rows (bb, i0 .. i0 + nq, hh) of the output exist (bb < B, hh < H,
+            // i0 + nq <= L) and are this task's alone: tasks partition (batch, head, query
+            // group). They are `Dv` floats each at stride H·Dv >= Dv, nq <= g·BQ.
+            unsafe {
+                let o = out.block(bb, i0, hh, nq);
+                query_group(isa, inp, bb, hh, i0, o, bk, g, 0..inp.dims.s, None, scratch)
+            }
         });
+    });
 }
 
 /// Per-query-block state inside a task: the transposed query block and the row statistics.
@@ -464,21 +507,48 @@ pub(crate) fn group_scratch_len(d: usize, bk: usize, g: usize) -> usize {
     g * (d * BQ + 3 * BQ) + bk * BQ
 }
 
-/// One task: queries `i0 .. i0 + o.len() / dv` of head `(b, h)` (at most `g` blocks of
-/// [`BQ`]) against the keys in `keys`, written into `o` `(nq, Dv)`.
+/// Output rows of one task: row `i < rows` is the `Dv` floats at `ptr + i * stride`.
+#[derive(Clone, Copy)]
+pub(crate) struct OutBlock {
+    pub ptr: *mut f32,
+    pub stride: usize,
+    pub rows: usize,
+}
+
+impl OutBlock {
+    /// Row `i` as a slice.
+    ///
+    /// # Safety
+    /// The block's contract (see [`query_group`]), `i < rows`, and no other live reference
+    /// to the row.
+    unsafe fn row<'o>(self, i: usize, dv: usize) -> &'o mut [f32] {
+        debug_assert!(i < self.rows);
+        // SAFETY: the caller's contract.
+        std::slice::from_raw_parts_mut(self.ptr.add(i * self.stride), dv)
+    }
+}
+
+/// One task: queries `i0 .. i0 + o.rows` of head `(b, h)` (at most `g` blocks of [`BQ`])
+/// against the keys in `keys`, written into the rows of `o`.
 ///
 /// With `stats: None` the rows are normalised (the attention output). With `Some(stats)`
 /// (`2 * nq` floats) they are not: `o` gets `Σ_j 2^(s_ij - m_i) v_j`, `stats[i]` the row
 /// maximum `m_i` (log2 domain, `-inf` if every key is masked) and `stats[nq + i]` the sum
 /// `Σ_j 2^(s_ij - m_i)`, for merging partial results over key ranges.
+///
+/// # Safety
+/// `o.rows <= g * BQ`, `o.stride >= Dv` (when `o.rows > 1`), every row of `o` is valid for
+/// reads and writes of `Dv` floats, and nothing else accesses them while this runs. (The
+/// rows of one head interleave with other heads' in the `(B, L, H, Dv)` output, so they
+/// cannot be one `&mut` slice.)
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn query_group(
+pub(crate) unsafe fn query_group(
     isa: Isa,
     inp: &Inputs,
     b: usize,
     h: usize,
     i0: usize,
-    o: &mut [f32],
+    o: OutBlock,
     bk: usize,
     g: usize,
     keys: std::ops::Range<usize>,
@@ -486,7 +556,8 @@ pub(crate) fn query_group(
     scratch: &mut [f32],
 ) {
     let Dims { d, dv, .. } = inp.dims;
-    let nq_total = o.len() / dv;
+    let nq_total = o.rows;
+    assert!(nq_total <= g * BQ && (nq_total <= 1 || o.stride >= dv));
     let (st, mut rest) = scratch.split_at_mut(bk * BQ);
     let q = inp.q.head(b, h);
     let qsr = inp.q.sr;
@@ -530,7 +601,10 @@ pub(crate) fn query_group(
             alpha,
         });
     }
-    o.fill(0.0);
+    for i in 0..nq_total {
+        // SAFETY: row i < o.rows, ours (the contract).
+        o.row(i, dv).fill(0.0);
+    }
     let k = inp.k.head(b, h);
     let v = inp.v.head(b, h);
     let (ksr, vsr) = (inp.k.sr, inp.v.sr);
@@ -589,8 +663,20 @@ pub(crate) fn query_group(
                 }
             }
             softmax_update(isa, st, nk, sub.m, sub.l, sub.alpha, nv);
-            let o_sub = &mut o[si * BQ * dv..(si * BQ + nq) * dv];
-            pv(isa, st, nk, &v[j0 * vsr..], vsr, dv, o_sub, nq, sub.alpha);
+            // SAFETY: rows si * BQ .. si * BQ + nq < o.rows of `o`, ours (the contract).
+            let o_sub = o.ptr.add(si * BQ * o.stride);
+            pv(
+                isa,
+                st,
+                nk,
+                &v[j0 * vsr..],
+                vsr,
+                dv,
+                o_sub,
+                o.stride,
+                nq,
+                sub.alpha,
+            );
         }
         j0 += nk_block;
     }
@@ -605,8 +691,9 @@ pub(crate) fn query_group(
     }
     for (si, sub) in subs.iter().enumerate() {
         let Some(sub) = sub else { break };
-        let o_sub = &mut o[si * BQ * dv..(si * BQ + sub.nq) * dv];
-        for (row, &ls) in o_sub.chunks_exact_mut(dv).zip(sub.l.iter()) {
+        for (i, &ls) in sub.l[..sub.nq].iter().enumerate() {
+            // SAFETY: row si * BQ + i < o.rows, ours (the contract).
+            let row = o.row(si * BQ + i, dv);
             // 0: every key masked, zeros. NaN (a NaN or +inf score): NaN, as torch.
             let inv = if ls == 0.0 { 0.0 } else { 1.0 / ls };
             row.iter_mut().for_each(|x| *x *= inv);
@@ -698,40 +785,48 @@ fn softmax_update(
     }
 }
 
+/// `o[i * os ..][:dv] = alpha[i] · o[i * os ..][:dv] + Σ_j st[j * BQ + i] · v[j * vs ..][:dv]`
+/// for rows `i < nq`, keys `j < nk`: the `P · V` step here, and the GEMM micro-kernel of
+/// [`crate::projection`].
+///
+/// # Safety
+/// Rows `i < nq` of `o` (`dv` floats at `o + i * os`, `dv <= os` when `nq > 1`) are valid for
+/// reads and writes, and nothing else accesses them meanwhile.
 #[allow(clippy::too_many_arguments)]
-fn pv(
+unsafe fn pv(
     isa: Isa,
     st: &[f32],
     nk: usize,
     v: &[f32],
     vs: usize,
     dv: usize,
-    o: &mut [f32],
+    o: *mut f32,
+    os: usize,
     nq: usize,
     alpha: &[f32],
 ) {
-    assert!(nq <= BQ && st.len() >= nk * BQ && o.len() >= nq * dv && alpha.len() >= nq);
+    assert!(nq <= BQ && st.len() >= nk * BQ && alpha.len() >= nq && (nq <= 1 || dv <= os));
     assert!(nk == 0 || v.len() >= (nk - 1) * vs + dv);
     match isa {
-        // SAFETY: avx512f detected (see `Isa`); lengths asserted above are the preconditions
-        // of `avx512::pv`.
+        // SAFETY: avx512f detected (see `Isa`); lengths asserted above and the rows of `o`
+        // (the caller's contract) are the preconditions of `avx512::pv`.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe {
-            super::avx512::pv(
-                st.as_ptr(),
-                nk,
-                v.as_ptr(),
-                vs,
-                dv,
-                o.as_mut_ptr(),
-                nq,
-                alpha.as_ptr(),
-            )
-        },
-        // SAFETY: avx2 and fma detected (see `Isa`).
+        Isa::Avx512 => super::avx512::pv(
+            st.as_ptr(),
+            nk,
+            v.as_ptr(),
+            vs,
+            dv,
+            o,
+            os,
+            nq,
+            alpha.as_ptr(),
+        ),
+        // SAFETY: avx2 and fma detected (see `Isa`); the rows are the caller's contract.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { avx2::pv(st, nk, v, vs, dv, o, nq, alpha) },
-        Isa::Portable => portable::pv::<false>(st, nk, v, vs, dv, o, nq, alpha),
+        Isa::Avx2 => avx2::pv(st, nk, v, vs, dv, o, os, nq, alpha),
+        // SAFETY: the rows are the caller's contract.
+        Isa::Portable => portable::pv::<false>(st, nk, v, vs, dv, o, os, nq, alpha),
     }
 }
 
@@ -772,7 +867,7 @@ mod avx2 {
     }
 
     /// # Safety
-    /// The CPU supports AVX2 and FMA.
+    /// The CPU supports AVX2 and FMA; the contract of [`portable::pv`].
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn pv(
         st: &[f32],
@@ -780,11 +875,12 @@ mod avx2 {
         v: &[f32],
         vs: usize,
         dv: usize,
-        o: &mut [f32],
+        o: *mut f32,
+        os: usize,
         nq: usize,
         alpha: &[f32],
     ) {
-        portable::pv::<true>(st, nk, v, vs, dv, o, nq, alpha)
+        portable::pv::<true>(st, nk, v, vs, dv, o, os, nq, alpha)
     }
 }
 
@@ -882,18 +978,24 @@ pub(crate) mod portable {
         }
     }
 
+    /// # Safety
+    /// Rows `i < nq` of `o` (`dv` floats at `o + i * os`) are valid for reads and writes and
+    /// accessed by nothing else meanwhile.
     #[inline(always)]
-    pub fn pv<const FMA: bool>(
+    pub unsafe fn pv<const FMA: bool>(
         st: &[f32],
         nk: usize,
         v: &[f32],
         vs: usize,
         dv: usize,
-        o: &mut [f32],
+        o: *mut f32,
+        os: usize,
         nq: usize,
         alpha: &[f32],
     ) {
-        for (i, orow) in o.chunks_exact_mut(dv).take(nq).enumerate() {
+        for i in 0..nq {
+            // SAFETY: row i < nq, the caller's contract.
+            let orow = std::slice::from_raw_parts_mut(o.add(i * os), dv);
             let a = alpha[i];
             orow.iter_mut().for_each(|x| *x *= a);
             for j in 0..nk {

@@ -1,16 +1,17 @@
 //! The position-wise feed-forward network, `linear2(dropout(act(linear1(x))))` (paper eq. 2).
 
 use super::config::{Activation, TransformerConfig};
-use candle::Tensor;
-use candle_nn::{Linear, VarBuilder};
+use crate::projection::Projection;
+use candle::{Module, Tensor};
+use candle_nn::VarBuilder;
 
 /// Two linear layers around an activation. Tensor names: `linear1.{weight,bias}`
 /// `(dim_feedforward, d_model)`, `linear2.{weight,bias}` `(d_model, dim_feedforward)`, which is
 /// how torch's Transformer layers name them (directly under the layer's prefix).
 #[derive(Clone, Debug)]
 pub struct FeedForward {
-    linear1: Linear,
-    linear2: Linear,
+    linear1: Projection,
+    linear2: Projection,
     activation: Activation,
     dropout: f32,
 }
@@ -19,12 +20,13 @@ impl FeedForward {
     /// Reads (or, from a `VarMap`, creates with torch's initialisation) `linear1` and `linear2`
     /// under `vb`.
     pub fn new(cfg: &TransformerConfig, vb: &VarBuilder) -> candle::Result<Self> {
-        let linear = |inp, out, name: &str| {
-            if cfg.bias {
-                candle_nn::linear(inp, out, vb.pp(name))
+        let linear = |inp, out, name: &str| -> candle::Result<Projection> {
+            let lin = if cfg.bias {
+                candle_nn::linear(inp, out, vb.pp(name))?
             } else {
-                candle_nn::linear_no_bias(inp, out, vb.pp(name))
-            }
+                candle_nn::linear_no_bias(inp, out, vb.pp(name))?
+            };
+            Projection::new(lin.weight(), lin.bias().cloned())
         };
         Ok(Self {
             linear1: linear(cfg.d_model, cfg.dim_feedforward, "linear1")?,
@@ -36,10 +38,8 @@ impl FeedForward {
 
     /// `xs` `(B, T, d_model)` → `(B, T, d_model)`; dropout on the inner layer when `train`.
     pub fn forward(&self, xs: &Tensor, train: bool) -> candle::Result<Tensor> {
-        let h = self
-            .activation
-            .apply(&crate::mha::linear(&self.linear1, xs)?)?;
-        crate::mha::linear(&self.linear2, &dropout(&h, self.dropout, train)?)
+        let h = self.activation.apply(&self.linear1.forward(xs)?)?;
+        self.linear2.forward(&dropout(&h, self.dropout, train)?)
     }
 }
 

@@ -1,0 +1,127 @@
+//! The AVX-512 micro-kernel of the projection GEMM ([`super::gemm`]).
+//!
+//! Layouts (all `f32`): `x` rows at stride `xs` (features contiguous), read by broadcast;
+//! `wp` a packed panel of `Wᵀ`, rows of [`super::PANEL`] = 64 floats, possibly starting
+//! inside the panel, read by vector; `y` rows at stride `ys`, accumulated in place.
+
+#![allow(clippy::too_many_arguments)]
+
+use super::PANEL;
+use core::arch::x86_64::*;
+
+/// Rows per micro-tile: 6 rows × 4 vectors = 24 accumulators, 4 registers of `Wᵀ` and one
+/// broadcast, within the 32 registers.
+const R: usize = 6;
+
+/// `y[i * ys + c] += Σ_kk x[i * xs + kk] · wp[kk * 64 + c]` for rows `i < nr`, columns
+/// `c < w`.
+///
+/// # Safety
+/// AVX-512F available; `1 <= w <= 64`; `x` readable at `i * xs + kk` for `i < nr`,
+/// `kk < kc`; `wp` readable at `kk * 64 + c` for `kk < kc`, `c < w`; `y` readable and writable at `i * ys + c`
+/// for `i < nr`, `c < w`.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn accumulate(
+    x: *const f32,
+    xs: usize,
+    kc: usize,
+    wp: *const f32,
+    y: *mut f32,
+    ys: usize,
+    nr: usize,
+    w: usize,
+) {
+    let nv = w.div_ceil(16);
+    let last = w - 16 * (nv - 1); // 1..=16 lanes in the last vector
+    let tail: __mmask16 = if last == 16 {
+        0xffff
+    } else {
+        (1u16 << last) - 1
+    };
+    // SAFETY: the caller's contract, with `nv` in 1..=4 since 1 <= w <= 64.
+    match nv {
+        1 => rows::<1>(x, xs, kc, wp, y, ys, nr, tail),
+        2 => rows::<2>(x, xs, kc, wp, y, ys, nr, tail),
+        3 => rows::<3>(x, xs, kc, wp, y, ys, nr, tail),
+        _ => rows::<4>(x, xs, kc, wp, y, ys, nr, tail),
+    }
+}
+
+/// [`accumulate`] for `w = 16 * (NV - 1) + popcount(tail)` columns.
+///
+/// # Safety
+/// As [`accumulate`], with `1 <= NV <= 4`.
+#[inline(always)]
+unsafe fn rows<const NV: usize>(
+    x: *const f32,
+    xs: usize,
+    kc: usize,
+    wp: *const f32,
+    y: *mut f32,
+    ys: usize,
+    nr: usize,
+    tail: __mmask16,
+) {
+    let mut i = 0;
+    while i + R <= nr {
+        // SAFETY: rows i .. i + R <= nr of `x` and `y` are in the caller's contract.
+        tile::<NV, R>(x.add(i * xs), xs, kc, wp, y.add(i * ys), ys, tail);
+        i += R;
+    }
+    // SAFETY: as above for the last nr - i < R rows (i <= nr).
+    let (xi, yi) = (x.add(i * xs), y.add(i * ys));
+    match nr - i {
+        1 => tile::<NV, 1>(xi, xs, kc, wp, yi, ys, tail),
+        2 => tile::<NV, 2>(xi, xs, kc, wp, yi, ys, tail),
+        3 => tile::<NV, 3>(xi, xs, kc, wp, yi, ys, tail),
+        4 => tile::<NV, 4>(xi, xs, kc, wp, yi, ys, tail),
+        5 => tile::<NV, 5>(xi, xs, kc, wp, yi, ys, tail),
+        _ => {}
+    }
+}
+
+/// `RR` rows × `16 * NV` columns (the last vector masked by `tail`), accumulators in
+/// registers over the whole chunk.
+///
+/// # Safety
+/// AVX-512F available; `NV <= 4`; `x` readable at `r * xs + kk` for `r < RR`, `kk < kc`;
+/// `wp` readable at `kk * 64 + c` and `y` readable and writable at `r * ys + c`, for `r < RR`
+/// and the columns named above (masked lanes are neither read nor written, and AVX-512
+/// suppresses faults on them).
+#[inline(always)]
+unsafe fn tile<const NV: usize, const RR: usize>(
+    x: *const f32,
+    xs: usize,
+    kc: usize,
+    wp: *const f32,
+    y: *mut f32,
+    ys: usize,
+    tail: __mmask16,
+) {
+    let mask = |v: usize| if v + 1 == NV { tail } else { 0xffff };
+    let mut acc = [[_mm512_setzero_ps(); NV]; RR];
+    for (r, acc) in acc.iter_mut().enumerate() {
+        for (v, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_maskz_loadu_ps(mask(v), y.add(r * ys + 16 * v));
+        }
+    }
+    for kk in 0..kc {
+        let wr = wp.add(kk * PANEL);
+        let mut wv = [_mm512_setzero_ps(); NV];
+        for (v, wv) in wv.iter_mut().enumerate() {
+            // Masked: the columns may start inside the panel (a narrowed projection).
+            *wv = _mm512_maskz_loadu_ps(mask(v), wr.add(16 * v));
+        }
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let xb = _mm512_set1_ps(*x.add(r * xs + kk));
+            for v in 0..NV {
+                acc[v] = _mm512_fmadd_ps(xb, wv[v], acc[v]);
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (v, a) in acc.iter().enumerate() {
+            _mm512_mask_storeu_ps(y.add(r * ys + 16 * v), mask(v), *a);
+        }
+    }
+}
