@@ -1,6 +1,7 @@
 //! The AVX-512 micro-kernel of the projection GEMM ([`super::gemm`]).
 //!
-//! Layouts (all `f32`): `x` rows at stride `xs` (features contiguous), read by broadcast;
+//! Layouts (all `f32`): `x` packed in groups of [`R`] = 6 rows, `(kc, 6)` row-major per group
+//! (element `(r, kk)` of group `g` at `g * gs + kk * 6 + r`), read by broadcast;
 //! `wp` a packed panel of `Wᵀ`, rows of [`super::PANEL`] = 64 floats, possibly starting
 //! inside the panel, read by vector; `y` rows at stride `ys`, accumulated in place.
 
@@ -13,17 +14,17 @@ use core::arch::x86_64::*;
 /// broadcast, within the 32 registers.
 const R: usize = 6;
 
-/// `y[i * ys + c] += Σ_kk x[i * xs + kk] · wp[kk * 64 + c]` for rows `i < nr`, columns
-/// `c < w`.
+/// `y[i * ys + c] += Σ_kk x(i, kk) · wp[kk * 64 + c]` for rows `i < nr`, columns `c < w`,
+/// where `x(i, kk) = x[(i / 6) * gs + kk * 6 + i % 6]` (rows packed in groups of 6).
 ///
 /// # Safety
-/// AVX-512F available; `1 <= w <= 64`; `x` readable at `i * xs + kk` for `i < nr`,
+/// AVX-512F available; `1 <= w <= 64`; `x` readable at the `x(i, kk)` above for `i < nr`,
 /// `kk < kc`; `wp` readable at `kk * 64 + c` for `kk < kc`, `c < w`; `y` readable and writable at `i * ys + c`
 /// for `i < nr`, `c < w`.
 #[target_feature(enable = "avx512f")]
 pub unsafe fn accumulate(
     x: *const f32,
-    xs: usize,
+    gs: usize,
     kc: usize,
     wp: *const f32,
     y: *mut f32,
@@ -40,10 +41,10 @@ pub unsafe fn accumulate(
     };
     // SAFETY: the caller's contract, with `nv` in 1..=4 since 1 <= w <= 64.
     match nv {
-        1 => rows::<1>(x, xs, kc, wp, y, ys, nr, tail),
-        2 => rows::<2>(x, xs, kc, wp, y, ys, nr, tail),
-        3 => rows::<3>(x, xs, kc, wp, y, ys, nr, tail),
-        _ => rows::<4>(x, xs, kc, wp, y, ys, nr, tail),
+        1 => rows::<1>(x, gs, kc, wp, y, ys, nr, tail),
+        2 => rows::<2>(x, gs, kc, wp, y, ys, nr, tail),
+        3 => rows::<3>(x, gs, kc, wp, y, ys, nr, tail),
+        _ => rows::<4>(x, gs, kc, wp, y, ys, nr, tail),
     }
 }
 
@@ -54,7 +55,7 @@ pub unsafe fn accumulate(
 #[inline(always)]
 unsafe fn rows<const NV: usize>(
     x: *const f32,
-    xs: usize,
+    gs: usize,
     kc: usize,
     wp: *const f32,
     y: *mut f32,
@@ -64,18 +65,19 @@ unsafe fn rows<const NV: usize>(
 ) {
     let mut i = 0;
     while i + R <= nr {
-        // SAFETY: rows i .. i + R <= nr of `x` and `y` are in the caller's contract.
-        tile::<NV, R>(x.add(i * xs), xs, kc, wp, y.add(i * ys), ys, tail);
+        // SAFETY: rows i .. i + R <= nr (group i / R) of `x` and `y` are in the caller's
+        // contract.
+        tile::<NV, R>(x.add(i / R * gs), kc, wp, y.add(i * ys), ys, tail);
         i += R;
     }
-    // SAFETY: as above for the last nr - i < R rows (i <= nr).
-    let (xi, yi) = (x.add(i * xs), y.add(i * ys));
+    // SAFETY: as above for the last nr - i < R rows (i <= nr), the first rows of group i / R.
+    let (xi, yi) = (x.add(i / R * gs), y.add(i * ys));
     match nr - i {
-        1 => tile::<NV, 1>(xi, xs, kc, wp, yi, ys, tail),
-        2 => tile::<NV, 2>(xi, xs, kc, wp, yi, ys, tail),
-        3 => tile::<NV, 3>(xi, xs, kc, wp, yi, ys, tail),
-        4 => tile::<NV, 4>(xi, xs, kc, wp, yi, ys, tail),
-        5 => tile::<NV, 5>(xi, xs, kc, wp, yi, ys, tail),
+        1 => tile::<NV, 1>(xi, kc, wp, yi, ys, tail),
+        2 => tile::<NV, 2>(xi, kc, wp, yi, ys, tail),
+        3 => tile::<NV, 3>(xi, kc, wp, yi, ys, tail),
+        4 => tile::<NV, 4>(xi, kc, wp, yi, ys, tail),
+        5 => tile::<NV, 5>(xi, kc, wp, yi, ys, tail),
         _ => {}
     }
 }
@@ -84,14 +86,14 @@ unsafe fn rows<const NV: usize>(
 /// registers over the whole chunk.
 ///
 /// # Safety
-/// AVX-512F available; `NV <= 4`; `x` readable at `r * xs + kk` for `r < RR`, `kk < kc`;
+/// AVX-512F available; `NV <= 4`, `RR <= 6`; `x` (one packed group) readable at
+/// `kk * 6 + r` for `r < RR`, `kk < kc`;
 /// `wp` readable at `kk * 64 + c` and `y` readable and writable at `r * ys + c`, for `r < RR`
 /// and the columns named above (masked lanes are neither read nor written, and AVX-512
 /// suppresses faults on them).
 #[inline(always)]
 unsafe fn tile<const NV: usize, const RR: usize>(
     x: *const f32,
-    xs: usize,
     kc: usize,
     wp: *const f32,
     y: *mut f32,
@@ -113,7 +115,7 @@ unsafe fn tile<const NV: usize, const RR: usize>(
             *wv = _mm512_maskz_loadu_ps(mask(v), wr.add(16 * v));
         }
         for (r, acc) in acc.iter_mut().enumerate() {
-            let xb = _mm512_set1_ps(*x.add(r * xs + kk));
+            let xb = _mm512_set1_ps(*x.add(kk * R + r));
             for v in 0..NV {
                 acc[v] = _mm512_fmadd_ps(xb, wv[v], acc[v]);
             }

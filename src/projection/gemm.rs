@@ -1,16 +1,23 @@
 //! The CPU product `y = x · Wᵀ + b` of [`super::Projection`], over packed panels of `Wᵀ`.
 //!
-//! The output is cut into tasks of [`MB`] rows × a group of columns, run in parallel. A task
-//! walks its columns one panel segment at a time: it writes the bias into its rows of the
-//! segment, then adds the product chunk by chunk of [`KC`] inputs, so that the chunk of the
-//! panel (`KC × 64` floats) stays in L1 while every 6-row micro-tile of the block uses it.
+//! The rows of `x` are first packed, once for all tasks, in groups of 6: `(k, 6)` row-major
+//! per group, what the micro-kernel broadcasts from. (Reading 6 rows `k` floats apart
+//! instead put them into the same few L1 sets, which evicted the panel: the kernel ran at 100
+//! or 145 GFLOP/s depending on where the allocator had put `x`.)
+//!
+//! The output is then cut into tasks of at most [`MB`] rows × one 64-column panel, run in
+//! parallel. A task writes the bias into its rectangle, then adds the product chunk by chunk
+//! of [`KC`] inputs, so that the chunk of the panel (`KC × 64` floats) stays in L1 while
+//! every 6-row micro-tile of the block uses it.
 
 use super::PANEL;
-use crate::sdpa::tiled::{portable, Isa};
+use crate::sdpa::tiled::{portable, with_scratch, Isa};
 use rayon::prelude::*;
 
-/// Rows per task (a multiple of the 6-row micro-tile).
+/// Rows per task (a multiple of the micro-tile's [`R`]).
 const MB: usize = 72;
+/// Rows per micro-tile, the packing group of `x`.
+const R: usize = 6;
 /// Inputs per chunk of the reduction.
 const KC: usize = 128;
 /// Below this many multiply-adds a product runs on the calling thread: waking the pool would
@@ -42,43 +49,65 @@ unsafe impl Send for OutPtr {}
 // SAFETY: as above.
 unsafe impl Sync for OutPtr {}
 
-/// `y` `(m, n)` row-major `= x · Wᵀ[:, col0 ..][:, ..n] + bias`.
-pub(super) fn gemm(isa: Isa, op: Operands, y: &mut [f32]) {
+/// `y` `(m, n)` row-major `= x · Wᵀ[:, col0 ..][:, ..n] + bias`, a new buffer.
+pub(super) fn gemm(isa: Isa, op: Operands) -> Vec<f32> {
     let Operands { m, k, n, col0, .. } = op;
-    assert!(k > 0 && y.len() == m * n && op.x.len() >= m * k);
+    assert!(k > 0 && op.x.len() >= m * k);
     assert!(op.panels.len() >= (col0 + n).div_ceil(PANEL) * k * PANEL);
     assert!(op.bias.is_none_or(|b| b.len() >= n));
-    let row_blocks = m.div_ceil(MB);
     let threads = rayon::current_num_threads().max(1);
     let parallel = threads > 1 && m * n * k >= PARALLEL_MIN_MACS;
-    // Enough tasks for every thread to take several (uneven finishing otherwise idles one),
-    // in groups of whole panels.
-    let panels = n.div_ceil(PANEL);
-    let groups = if parallel {
-        (4 * threads).div_ceil(row_blocks).clamp(1, panels)
+    // Row blocks of about equal size (a multiple of R, at most MB): 128 rows are 66 + 62,
+    // not 72 + 56, which left one thread waiting for the other.
+    let mb = m.div_ceil(m.div_ceil(MB)).div_ceil(R) * R;
+    let row_blocks = m.div_ceil(mb);
+    // In parallel, one task per (row block, panel): tasks share the packed rows, so finer
+    // tasks cost nothing but scheduling (~1 µs against ~30 µs of work each) and balance the
+    // threads. On one thread, one task per row block.
+    let group_cols = if parallel {
+        PANEL
     } else {
-        1
+        n.div_ceil(PANEL) * PANEL
     };
-    let group_cols = panels.div_ceil(groups) * PANEL;
     let groups = n.div_ceil(group_cols);
+    // Every element is written (bias or zero) before it is accumulated into, so the buffer
+    // starts uninitialised rather than zeroed: one pass over the output less.
+    let mut y = Vec::<f32>::with_capacity(m * n);
     let out = OutPtr(y.as_mut_ptr());
-    let task = |t: usize| {
-        let (rb, gi) = (t / groups, t % groups);
-        let rows = rb * MB..m.min((rb + 1) * MB);
-        let cols = gi * group_cols..n.min((gi + 1) * group_cols);
-        // SAFETY: task `t` alone writes rows `rows` × columns `cols` of the output (the
-        // tasks partition rows × columns), `out` points to the `m * n` floats of `y`, which
-        // outlive the loop, and `block` checks its rectangle against `m` and `n`.
-        unsafe { block(isa, &op, rows, cols, out) };
-    };
-    if parallel {
-        (0..row_blocks * groups).into_par_iter().for_each(task);
-    } else {
-        (0..row_blocks * groups).for_each(task);
-    }
+    // `x` packed once for all tasks (the tasks of one row block share it).
+    with_scratch(m.div_ceil(R) * R * k, |xp| {
+        if parallel {
+            xp.par_chunks_mut(mb * k)
+                .zip(op.x[..m * k].par_chunks(mb * k))
+                .for_each(|(dst, src)| pack_rows(src, k, dst));
+        } else {
+            pack_rows(&op.x[..m * k], k, xp);
+        }
+        let xp = &*xp;
+        let task = |t: usize| {
+            let (rb, gi) = (t / groups, t % groups);
+            let rows = rb * mb..m.min((rb + 1) * mb);
+            let cols = gi * group_cols..n.min((gi + 1) * group_cols);
+            // SAFETY: task `t` alone writes rows `rows` × columns `cols` of the output (the
+            // tasks partition rows × columns), `out` points to the `m * n` floats of `y`,
+            // which outlive the loop, and `block` checks its rectangle against `m` and `n`.
+            unsafe { block(isa, &op, &xp[rb * mb * k..], rows, cols, out) };
+        };
+        if parallel {
+            (0..row_blocks * groups).into_par_iter().for_each(task);
+        } else {
+            (0..row_blocks * groups).for_each(task);
+        }
+    });
+    // SAFETY: the capacity is m · n, and the tasks, which partition the m × n output, each
+    // wrote every element of their rectangle (`block` writes the bias or zero to all of it
+    // first).
+    unsafe { y.set_len(m * n) };
+    y
 }
 
-/// One task of [`gemm`]: output rows `rows`, columns `cols`.
+/// One task of [`gemm`]: output rows `rows`, columns `cols`, with `xp` the packed rows
+/// from `rows.start` on.
 ///
 /// # Safety
 /// `out` points to the `m * n` floats of the output, and nothing else reads or writes its
@@ -86,6 +115,7 @@ pub(super) fn gemm(isa: Isa, op: Operands, y: &mut [f32]) {
 unsafe fn block(
     isa: Isa,
     op: &Operands,
+    xp: &[f32],
     rows: std::ops::Range<usize>,
     cols: std::ops::Range<usize>,
     out: OutPtr,
@@ -93,7 +123,6 @@ unsafe fn block(
     let Operands { m, k, n, col0, .. } = *op;
     assert!(rows.start < rows.end && rows.end <= m && cols.end <= n);
     let nr = rows.len();
-    let x = &op.x[rows.start * k..rows.end * k];
     let mut c = cols.start;
     while c < cols.end {
         // One segment: the columns up to the end of the panel column `col0 + c` lies in.
@@ -104,10 +133,10 @@ unsafe fn block(
         // and its w floats end before (rows.end - 1) * n + n <= m * n.
         let yb = out.0.add(rows.start * n + c);
         for i in 0..nr {
-            let row = std::slice::from_raw_parts_mut(yb.add(i * n), w);
+            let row = yb.add(i * n);
             match op.bias {
-                Some(b) => row.copy_from_slice(&b[c..c + w]),
-                None => row.fill(0.0),
+                Some(b) => std::ptr::copy_nonoverlapping(b[c..c + w].as_ptr(), row, w),
+                None => std::ptr::write_bytes(row, 0, w),
             }
         }
         let panel = &op.panels[p * k * PANEL..(p + 1) * k * PANEL];
@@ -117,8 +146,8 @@ unsafe fn block(
             // SAFETY: as above, the rows of `yb` are this task's alone.
             accumulate(
                 isa,
-                &x[k0..],
-                k,
+                &xp[k0 * R..],
+                R * k,
                 kc,
                 &panel[k0 * PANEL + within..],
                 yb,
@@ -132,8 +161,31 @@ unsafe fn block(
     }
 }
 
-/// `y[i * ys + c] += Σ_kk x[i * xs + kk] · wp[kk * 64 + c]` for rows `i < nr`, columns
-/// `c < w`, inputs `kk < kc`.
+/// Packs `rows` (`nr` rows of `k` floats) in groups of [`R`]: row `i`, input `kk` goes to
+/// `xp[(i / R) * R * k + kk * R + i % R]`. The missing rows of the last group are left as
+/// they are (never read).
+fn pack_rows(rows: &[f32], k: usize, xp: &mut [f32]) {
+    for (group, dst) in rows.chunks(R * k).zip(xp.chunks_mut(R * k)) {
+        if group.len() == R * k {
+            // Whole group: six contiguous stores per input, reading six row streams.
+            let r: [&[f32]; R] = std::array::from_fn(|i| &group[i * k..(i + 1) * k]);
+            for (kk, d) in dst.chunks_exact_mut(R).enumerate() {
+                for i in 0..R {
+                    d[i] = r[i][kk];
+                }
+            }
+        } else {
+            for (i, row) in group.chunks_exact(k).enumerate() {
+                for (kk, &v) in row.iter().enumerate() {
+                    dst[kk * R + i] = v;
+                }
+            }
+        }
+    }
+}
+
+/// `y[i * ys + c] += Σ_kk x(i, kk) · wp[kk * 64 + c]` for rows `i < nr`, columns `c < w`,
+/// inputs `kk < kc`, with `x(i, kk) = x[(i / 6) * gs + kk * 6 + i % 6]` (packed rows).
 ///
 /// # Safety
 /// `y` is valid for reads and writes of `w` floats at `y + i * ys` for every `i < nr`, and
@@ -142,7 +194,7 @@ unsafe fn block(
 unsafe fn accumulate(
     isa: Isa,
     x: &[f32],
-    xs: usize,
+    gs: usize,
     kc: usize,
     wp: &[f32],
     y: *mut f32,
@@ -150,20 +202,20 @@ unsafe fn accumulate(
     nr: usize,
     w: usize,
 ) {
-    assert!((1..=PANEL).contains(&w) && kc > 0);
-    assert!(nr == 0 || x.len() >= (nr - 1) * xs + kc);
+    assert!((1..=PANEL).contains(&w) && kc > 0 && gs >= R * kc);
+    assert!(nr == 0 || x.len() >= (nr - 1) / R * gs + (kc - 1) * R + R);
     assert!(wp.len() >= (kc - 1) * PANEL + w);
     match isa {
         // SAFETY: `Isa::Avx512` exists only after avx512f was detected; the lengths of `x`
         // and `wp` are asserted above and `y`'s rows are the caller's contract: that is
         // `avx512::accumulate`'s contract.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => super::avx512::accumulate(x.as_ptr(), xs, kc, wp.as_ptr(), y, ys, nr, w),
+        Isa::Avx512 => super::avx512::accumulate(x.as_ptr(), gs, kc, wp.as_ptr(), y, ys, nr, w),
         // SAFETY: avx2 and fma were detected; the rows are the caller's contract.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => accumulate_avx2(x, xs, kc, wp, y, ys, nr, w),
+        Isa::Avx2 => accumulate_avx2(x, gs, kc, wp, y, ys, nr, w),
         // SAFETY: the caller's contract.
-        Isa::Portable => accumulate_portable::<false>(x, xs, kc, wp, y, ys, nr, w),
+        Isa::Portable => accumulate_portable::<false>(x, gs, kc, wp, y, ys, nr, w),
     }
 }
 
@@ -176,7 +228,7 @@ unsafe fn accumulate(
 #[allow(clippy::too_many_arguments)]
 unsafe fn accumulate_avx2(
     x: &[f32],
-    xs: usize,
+    gs: usize,
     kc: usize,
     wp: &[f32],
     y: *mut f32,
@@ -185,7 +237,7 @@ unsafe fn accumulate_avx2(
     w: usize,
 ) {
     // SAFETY: the caller's contract.
-    accumulate_portable::<true>(x, xs, kc, wp, y, ys, nr, w)
+    accumulate_portable::<true>(x, gs, kc, wp, y, ys, nr, w)
 }
 
 /// Plain-Rust [`accumulate`], row by row (the loop over the `w` columns vectorises).
@@ -196,7 +248,7 @@ unsafe fn accumulate_avx2(
 #[allow(clippy::too_many_arguments)]
 unsafe fn accumulate_portable<const FMA: bool>(
     x: &[f32],
-    xs: usize,
+    gs: usize,
     kc: usize,
     wp: &[f32],
     y: *mut f32,
@@ -207,7 +259,9 @@ unsafe fn accumulate_portable<const FMA: bool>(
     for i in 0..nr {
         // SAFETY: row i < nr of the caller's rectangle, `w` floats, accessed by no one else.
         let row = std::slice::from_raw_parts_mut(y.add(i * ys), w);
-        for (kk, &a) in x[i * xs..i * xs + kc].iter().enumerate() {
+        let group = &x[i / R * gs + i % R..];
+        for kk in 0..kc {
+            let a = group[kk * R];
             for (yv, &wv) in row.iter_mut().zip(&wp[kk * PANEL..kk * PANEL + w]) {
                 *yv = portable::fma::<FMA>(a, wv, *yv);
             }
@@ -269,8 +323,7 @@ mod tests {
                     bias,
                 };
                 for isa in isas {
-                    let mut y = vec![f32::NAN; m * n];
-                    gemm(isa, op, &mut y);
+                    let y = gemm(isa, op);
                     for i in 0..m {
                         for j in 0..n {
                             let mut s = bias.map_or(0.0, |b| b[j] as f64);

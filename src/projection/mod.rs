@@ -270,8 +270,7 @@ fn cpu_linear(
     let x = &tiled::cpu_f32(&xs)?[xl.start_offset()..][..m * k];
     let (ps, pl) = panels.storage_and_layout();
     let panels = &tiled::cpu_f32(&ps)?[pl.start_offset()..][..panels.elem_count()];
-    let mut y = vec![0f32; m * n];
-    gemm::gemm(
+    let y = gemm::gemm(
         Isa::detect(false),
         gemm::Operands {
             x,
@@ -282,7 +281,6 @@ fn cpu_linear(
             n,
             bias: bias.as_deref(),
         },
-        &mut y,
     );
     Tensor::from_vec(y, (m, n), &Device::Cpu)
 }

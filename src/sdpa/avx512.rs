@@ -22,7 +22,7 @@ const RS: usize = 6;
 /// Queries per micro-tile of the P·V kernel.
 const RP: usize = 6;
 
-/// `2^x` for `x <= 0` (also right for moderately positive `x`), 16 lanes; anything below
+/// `2^x` for `x <= 0` (also right for positive `x`: `+inf` past 128), 16 lanes; anything below
 /// -126 (including `-inf`) gives exactly `0`, NaN gives NaN. Relative error about 2e-7 (degree-6 polynomial on
 /// `[-0.5, 0.5]`). Never produces a denormal: on Intel cores an underflowing `vscalefps`
 /// takes a microcode assist (~100 cycles), which made masked tiles several times slower.
@@ -32,10 +32,10 @@ const RP: usize = 6;
 #[inline(always)]
 unsafe fn exp2_ps(x: __m512) -> __m512 {
     // NaN must stay NaN (a NaN or +inf score makes torch's row NaN, and ours): `NLT_UQ` is
-    // true for NaN, and max/min return their second operand when either is NaN.
+    // true for NaN, and max returns its second operand when either is NaN. No upper clamp:
+    // `vscalefps` saturates to +inf by itself (and softmax only ever passes x <= 0).
     let live = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, _mm512_set1_ps(-126.0));
     let x = _mm512_max_ps(_mm512_set1_ps(-126.0), x);
-    let x = _mm512_min_ps(_mm512_set1_ps(127.0), x);
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
     let f = _mm512_sub_ps(x, n);
     let c = EXP2_POLY;
@@ -145,6 +145,85 @@ unsafe fn scores_tile<const NV: usize, const R: usize>(
     }
 }
 
+/// The query block transposed: `qt[dd * BQ + i] = q[i * qs + dd]` for `i < nq`, `dd < d`,
+/// and `qt[dd * BQ + i] = 0` for `nq <= i < 16 * ceil(nq / 16)`: 16 × 16 tiles transposed in
+/// registers (three shuffle stages), instead of 16 scattered scalar stores per query.
+///
+/// # Safety
+/// AVX-512F available; `nq <= BQ`; `q` readable at `i * qs + dd` for `i < nq`, `dd < d`;
+/// `qt` writable for `d * BQ` floats.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn transpose_queries(q: *const f32, qs: usize, nq: usize, d: usize, qt: *mut f32) {
+    let mut i0 = 0;
+    while i0 < nq {
+        let rows = (nq - i0).min(16);
+        let mut d0 = 0;
+        while d0 < d {
+            let cols = (d - d0).min(16);
+            let cmask: __mmask16 = if cols == 16 {
+                0xffff
+            } else {
+                (1u16 << cols) - 1
+            };
+            let mut r = [_mm512_setzero_ps(); 16];
+            for (i, r) in r.iter_mut().enumerate().take(rows) {
+                // SAFETY: row i0 + i < nq, columns d0 .. d0 + cols <= d (masked: the lanes
+                // past `cols` are neither read nor faulted on).
+                *r = _mm512_maskz_loadu_ps(cmask, q.add((i0 + i) * qs + d0));
+            }
+            let t = transpose_16x16(r);
+            for (c, t) in t.iter().enumerate().take(cols) {
+                // SAFETY: row d0 + c < d of `qt`, lanes i0 .. i0 + 16 <= BQ (i0 < nq <= BQ
+                // and i0 is a multiple of 16).
+                _mm512_storeu_ps(qt.add((d0 + c) * BQ + i0), *t);
+            }
+            d0 += 16;
+        }
+        i0 += 16;
+    }
+}
+
+/// Transposes 16 rows of 16 floats: `out[c]` lane `r` = `rows[r]` lane `c`.
+///
+/// # Safety
+/// AVX-512F available (registers only).
+#[inline(always)]
+unsafe fn transpose_16x16(r: [__m512; 16]) -> [__m512; 16] {
+    let pd = _mm512_castps_pd;
+    let ps = _mm512_castpd_ps;
+    // Stage 1: interleave 32-bit pairs of rows (2k, 2k + 1) within 128-bit lanes.
+    let mut t = [_mm512_setzero_ps(); 16];
+    for k in 0..8 {
+        t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    // Stage 2: interleave 64-bit pairs: u[4k + j] holds column j (mod 4) of rows 4k .. 4k + 4.
+    let mut u = [_mm512_setzero_ps(); 16];
+    for k in 0..4 {
+        let (a, b, c, e) = (t[4 * k], t[4 * k + 1], t[4 * k + 2], t[4 * k + 3]);
+        u[4 * k] = ps(_mm512_unpacklo_pd(pd(a), pd(c)));
+        u[4 * k + 1] = ps(_mm512_unpackhi_pd(pd(a), pd(c)));
+        u[4 * k + 2] = ps(_mm512_unpacklo_pd(pd(b), pd(e)));
+        u[4 * k + 3] = ps(_mm512_unpackhi_pd(pd(b), pd(e)));
+    }
+    // Stages 3 and 4: gather the 128-bit lanes (0x88: lanes 0, 2 of each; 0xdd: lanes 1, 3).
+    let mut v = [_mm512_setzero_ps(); 16];
+    for j in 0..4 {
+        v[j] = _mm512_shuffle_f32x4::<0x88>(u[j], u[4 + j]);
+        v[4 + j] = _mm512_shuffle_f32x4::<0xdd>(u[j], u[4 + j]);
+        v[8 + j] = _mm512_shuffle_f32x4::<0x88>(u[8 + j], u[12 + j]);
+        v[12 + j] = _mm512_shuffle_f32x4::<0xdd>(u[8 + j], u[12 + j]);
+    }
+    let mut out = [_mm512_setzero_ps(); 16];
+    for j in 0..4 {
+        out[j] = _mm512_shuffle_f32x4::<0x88>(v[j], v[8 + j]);
+        out[4 + j] = _mm512_shuffle_f32x4::<0x88>(v[4 + j], v[12 + j]);
+        out[8 + j] = _mm512_shuffle_f32x4::<0xdd>(v[j], v[8 + j]);
+        out[12 + j] = _mm512_shuffle_f32x4::<0xdd>(v[4 + j], v[12 + j]);
+    }
+    out
+}
+
 /// Adds `kb[j]` (already in the log2 domain) to row `j` of the score tile, for `16 * nv` queries.
 ///
 /// # Safety
@@ -236,13 +315,14 @@ pub unsafe fn softmax_update(
 }
 
 /// `o[i * os ..][:dv] = alpha[i] * o[i * os ..][:dv] + Σ_j st[j * BQ + i] * v[j * vs ..][:dv]`
-/// for rows `0..nq`, keys `0..nk`. (Also the projection GEMM of [`crate::projection`], with
+/// for rows `0..nq`, keys `0..nk`; with `first`, `o[i * os ..][:dv] = Σ_j ...` (the old rows
+/// are not read, so they may hold anything). (Also the projection GEMM of [`crate::projection`], with
 /// `st` a transposed block of inputs and `v` the transposed weight.)
 ///
 /// # Safety
 /// AVX-512F available; `nq <= BQ`; `dv <= os` when `nq > 1`; `st` readable for `nk * BQ`
-/// floats; `v` for `(nk - 1) * vs + dv` floats (when `nk > 0`); `o` readable and writable for
-/// `(nq - 1) * os + dv` floats (when `nq > 0`); `alpha` readable for `nq` floats.
+/// floats; `v` for `(nk - 1) * vs + dv` floats (when `nk > 0`); rows `i < nq` of `o` (`dv`
+/// floats at `o + i * os`) readable and writable; `alpha` readable for `nq` floats.
 #[target_feature(enable = "avx512f")]
 pub unsafe fn pv(
     st: *const f32,
@@ -254,6 +334,7 @@ pub unsafe fn pv(
     os: usize,
     nq: usize,
     alpha: *const f32,
+    first: bool,
 ) {
     let mut c0 = 0;
     while c0 < dv {
@@ -272,10 +353,10 @@ pub unsafe fn pv(
         // AVX-512 suppresses faults on them).
         let (vc, oc) = (v.add(c0), o.add(c0));
         match nvv {
-            1 => pv_cols::<1>(st, nk, vc, vs, os, oc, nq, alpha, tail),
-            2 => pv_cols::<2>(st, nk, vc, vs, os, oc, nq, alpha, tail),
-            3 => pv_cols::<3>(st, nk, vc, vs, os, oc, nq, alpha, tail),
-            _ => pv_cols::<4>(st, nk, vc, vs, os, oc, nq, alpha, tail),
+            1 => pv_cols::<1>(st, nk, vc, vs, os, oc, nq, alpha, tail, first),
+            2 => pv_cols::<2>(st, nk, vc, vs, os, oc, nq, alpha, tail, first),
+            3 => pv_cols::<3>(st, nk, vc, vs, os, oc, nq, alpha, tail, first),
+            _ => pv_cols::<4>(st, nk, vc, vs, os, oc, nq, alpha, tail, first),
         }
         c0 += 64;
     }
@@ -298,6 +379,7 @@ unsafe fn pv_cols<const NV: usize>(
     nq: usize,
     alpha: *const f32,
     tail: __mmask16,
+    first: bool,
 ) {
     let mut i = 0;
     while i + RP <= nq {
@@ -312,17 +394,18 @@ unsafe fn pv_cols<const NV: usize>(
             o.add(i * ostride),
             alpha.add(i),
             tail,
+            first,
         );
         i += RP;
     }
     // SAFETY: as in the loop, for the remaining nq - i < RP rows (i <= nq).
     let (si, oi, ai) = (st.add(i), o.add(i * ostride), alpha.add(i));
     match nq - i {
-        1 => pv_tile::<NV, 1>(si, nk, v, vs, ostride, oi, ai, tail),
-        2 => pv_tile::<NV, 2>(si, nk, v, vs, ostride, oi, ai, tail),
-        3 => pv_tile::<NV, 3>(si, nk, v, vs, ostride, oi, ai, tail),
-        4 => pv_tile::<NV, 4>(si, nk, v, vs, ostride, oi, ai, tail),
-        5 => pv_tile::<NV, 5>(si, nk, v, vs, ostride, oi, ai, tail),
+        1 => pv_tile::<NV, 1>(si, nk, v, vs, ostride, oi, ai, tail, first),
+        2 => pv_tile::<NV, 2>(si, nk, v, vs, ostride, oi, ai, tail, first),
+        3 => pv_tile::<NV, 3>(si, nk, v, vs, ostride, oi, ai, tail, first),
+        4 => pv_tile::<NV, 4>(si, nk, v, vs, ostride, oi, ai, tail, first),
+        5 => pv_tile::<NV, 5>(si, nk, v, vs, ostride, oi, ai, tail, first),
         _ => {}
     }
 }
@@ -343,14 +426,17 @@ unsafe fn pv_tile<const NV: usize, const R: usize>(
     o: *mut f32,
     alpha: *const f32,
     tail: __mmask16,
+    first: bool,
 ) {
     let mask = |c: usize| if c + 1 == NV { tail } else { 0xffff };
     let mut acc = [[_mm512_setzero_ps(); NV]; R];
-    for (r, acc) in acc.iter_mut().enumerate() {
-        let a = _mm512_set1_ps(*alpha.add(r));
-        for (c, acc) in acc.iter_mut().enumerate() {
-            let x = _mm512_maskz_loadu_ps(mask(c), o.add(r * ostride + 16 * c));
-            *acc = _mm512_mul_ps(x, a);
+    if !first {
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let a = _mm512_set1_ps(*alpha.add(r));
+            for (c, acc) in acc.iter_mut().enumerate() {
+                let x = _mm512_maskz_loadu_ps(mask(c), o.add(r * ostride + 16 * c));
+                *acc = _mm512_mul_ps(x, a);
+            }
         }
     }
     for j in 0..nk {
@@ -377,6 +463,37 @@ unsafe fn pv_tile<const NV: usize, const R: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transpose_queries_matches_scalar_at_every_edge() {
+        if !is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        for (nq, d, qs) in [
+            (64, 64, 64),
+            (1, 1, 1),
+            (17, 3, 5),
+            (63, 65, 70),
+            (16, 16, 192),
+            (5, 33, 40),
+        ] {
+            let q: Vec<f32> = (0..(nq - 1) * qs + d).map(|x| x as f32 + 0.5).collect();
+            let mut qt = vec![f32::NAN; d * BQ];
+            // SAFETY: avx512f detected; `q` holds rows i < nq at stride qs with d columns;
+            // `qt` holds d * BQ floats; nq <= BQ.
+            unsafe { transpose_queries(q.as_ptr(), qs, nq, d, qt.as_mut_ptr()) };
+            for dd in 0..d {
+                for i in 0..nq.div_ceil(16) * 16 {
+                    let want = if i < nq { q[i * qs + dd] } else { 0.0 };
+                    assert_eq!(
+                        qt[dd * BQ + i],
+                        want,
+                        "nq={nq} d={d} qs={qs} at ({dd}, {i})"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn exp2_matches_std() {

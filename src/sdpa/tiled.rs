@@ -496,6 +496,8 @@ struct SubBlock<'s> {
     nq: usize,
     nv: usize,
     kend: usize,
+    /// Whether `P·V` has written the rows yet (until then they hold whatever was there).
+    started: bool,
     qt: &'s mut [f32],
     m: &'s mut [f32],
     l: &'s mut [f32],
@@ -575,18 +577,7 @@ pub(crate) unsafe fn query_group(
         let (l, r) = r.split_at_mut(BQ);
         let (alpha, r) = r.split_at_mut(BQ);
         rest = r;
-        // Transposed query block, zero padded to a multiple of 16 columns.
-        for i in 0..nq {
-            let qrow = &q[(si0 + i) * qsr..(si0 + i) * qsr + d];
-            for (col, &x) in qt.chunks_exact_mut(BQ).zip(qrow) {
-                col[i] = x;
-            }
-        }
-        if nq < nv * 16 {
-            for col in qt.chunks_exact_mut(BQ) {
-                col[nq..nv * 16].fill(0.0);
-            }
-        }
+        transpose_queries(isa, &q[si0 * qsr..], qsr, nq, d, qt);
         m.fill(f32::NEG_INFINITY);
         l.fill(0.0);
         let kend = inp.key_limit(b, si0, nq).min(keys.end);
@@ -595,15 +586,12 @@ pub(crate) unsafe fn query_group(
             nq,
             nv,
             kend,
+            started: false,
             qt,
             m,
             l,
             alpha,
         });
-    }
-    for i in 0..nq_total {
-        // SAFETY: row i < o.rows, ours (the contract).
-        o.row(i, dv).fill(0.0);
     }
     let k = inp.k.head(b, h);
     let v = inp.v.head(b, h);
@@ -676,9 +664,21 @@ pub(crate) unsafe fn query_group(
                 o.stride,
                 nq,
                 sub.alpha,
+                !sub.started,
             );
+            sub.started = true;
         }
         j0 += nk_block;
+    }
+    // Rows that saw no key at all (every key block skipped or past `kend`): zero attention.
+    for (si, sub) in subs.iter().enumerate() {
+        let Some(sub) = sub else { break };
+        if !sub.started {
+            for i in 0..sub.nq {
+                // SAFETY: row si * BQ + i < o.rows, ours (the contract).
+                o.row(si * BQ + i, dv).fill(0.0);
+            }
+        }
     }
     if let Some(stats) = stats {
         for (si, sub) in subs.iter().enumerate() {
@@ -703,6 +703,35 @@ pub(crate) unsafe fn query_group(
 
 // ---------------------------------------------------------------------------------------------
 // Kernel dispatch: safe wrappers that check the lengths each kernel relies on.
+
+/// `qt[dd * BQ + i] = q[i * qs + dd]` for `i < nq`, `dd < d`, zero for
+/// `nq <= i < 16 * ceil(nq / 16)`: the query block as the score kernel reads it.
+fn transpose_queries(isa: Isa, q: &[f32], qs: usize, nq: usize, d: usize, qt: &mut [f32]) {
+    assert!(nq <= BQ && qt.len() >= d * BQ);
+    assert!(nq == 0 || q.len() >= (nq - 1) * qs + d);
+    match isa {
+        // SAFETY: avx512f detected (see `Isa`); the lengths asserted above are the
+        // preconditions of `avx512::transpose_queries`.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe {
+            super::avx512::transpose_queries(q.as_ptr(), qs, nq, d, qt.as_mut_ptr())
+        },
+        _ => {
+            for i in 0..nq {
+                let qrow = &q[i * qs..i * qs + d];
+                for (col, &x) in qt.chunks_exact_mut(BQ).zip(qrow) {
+                    col[i] = x;
+                }
+            }
+            let padded = nq.div_ceil(16) * 16;
+            if nq < padded {
+                for col in qt.chunks_exact_mut(BQ).take(d) {
+                    col[nq..padded].fill(0.0);
+                }
+            }
+        }
+    }
+}
 
 #[allow(clippy::too_many_arguments)]
 fn scores(
@@ -789,6 +818,8 @@ fn softmax_update(
 /// for rows `i < nq`, keys `j < nk`: the `P · V` step here, and the GEMM micro-kernel of
 /// [`crate::projection`].
 ///
+/// With `first` the old rows are not read (they may be uninitialised): `o = Σ_j ...`.
+///
 /// # Safety
 /// Rows `i < nq` of `o` (`dv` floats at `o + i * os`, `dv <= os` when `nq > 1`) are valid for
 /// reads and writes, and nothing else accesses them meanwhile.
@@ -804,6 +835,7 @@ unsafe fn pv(
     os: usize,
     nq: usize,
     alpha: &[f32],
+    first: bool,
 ) {
     assert!(nq <= BQ && st.len() >= nk * BQ && alpha.len() >= nq && (nq <= 1 || dv <= os));
     assert!(nk == 0 || v.len() >= (nk - 1) * vs + dv);
@@ -821,12 +853,13 @@ unsafe fn pv(
             os,
             nq,
             alpha.as_ptr(),
+            first,
         ),
         // SAFETY: avx2 and fma detected (see `Isa`); the rows are the caller's contract.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => avx2::pv(st, nk, v, vs, dv, o, os, nq, alpha),
+        Isa::Avx2 => avx2::pv(st, nk, v, vs, dv, o, os, nq, alpha, first),
         // SAFETY: the rows are the caller's contract.
-        Isa::Portable => portable::pv::<false>(st, nk, v, vs, dv, o, os, nq, alpha),
+        Isa::Portable => portable::pv::<false>(st, nk, v, vs, dv, o, os, nq, alpha, first),
     }
 }
 
@@ -879,8 +912,9 @@ mod avx2 {
         os: usize,
         nq: usize,
         alpha: &[f32],
+        first: bool,
     ) {
-        portable::pv::<true>(st, nk, v, vs, dv, o, os, nq, alpha)
+        portable::pv::<true>(st, nk, v, vs, dv, o, os, nq, alpha, first)
     }
 }
 
@@ -992,12 +1026,17 @@ pub(crate) mod portable {
         os: usize,
         nq: usize,
         alpha: &[f32],
+        first: bool,
     ) {
         for i in 0..nq {
             // SAFETY: row i < nq, the caller's contract.
             let orow = std::slice::from_raw_parts_mut(o.add(i * os), dv);
-            let a = alpha[i];
-            orow.iter_mut().for_each(|x| *x *= a);
+            if first {
+                orow.fill(0.0);
+            } else {
+                let a = alpha[i];
+                orow.iter_mut().for_each(|x| *x *= a);
+            }
             for j in 0..nk {
                 let p = st[j * BQ + i];
                 for (x, &vv) in orow.iter_mut().zip(&v[j * vs..j * vs + dv]) {
