@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Checks the unsafe code (the SIMD attention kernels in src/sdpa/) with the two tools that
-# run here, on the nightly toolchain:
+# Checks the unsafe code (the SIMD attention kernels in src/sdpa/, the projection GEMM in
+# src/projection/) with the two tools that run here, on the nightly toolchain:
 #
-#   1. Miri: the kernel unit tests (src/sdpa/kernel_tests.rs, shapes at every block edge)
-#      through the safe wrappers. Miri reports no SIMD features, so this runs the portable
+#   1. Miri: the kernel unit tests (src/sdpa/kernel_tests.rs, shapes at every block edge, and
+#      the GEMM's in src/projection/gemm.rs) through the safe wrappers. Miri reports no SIMD features, so this runs the portable
 #      kernels and every slice/index computation around them, with Stacked Borrows checks.
-#   2. AddressSanitizer: the same unit tests plus the tiled-vs-naive property tests and the
-#      hostile-input table, natively, so the AVX-512 (or AVX2) kernels run with every load
+#   2. AddressSanitizer: the same unit tests plus the tiled-vs-naive property tests, the
+#      projection tests and the hostile-input table, natively, so the AVX-512 (or AVX2) kernels run with every load
 #      and store checked against the allocation it belongs to.
 #
 # Usage: scripts/sanitize.sh [miri|asan|all]   (default: all). Needs `rustup toolchain
@@ -24,7 +24,7 @@ if [[ $what == miri || $what == all ]]; then
   # Permissive provenance: crossbeam casts integers to pointers. Isolation off: the clock.
   # Ignore leaks: rayon's global pool threads are still parked when the tests end.
   MIRIFLAGS="-Zmiri-tree-borrows -Zmiri-permissive-provenance -Zmiri-disable-isolation -Zmiri-ignore-leaks" \
-    cargo +nightly miri test --lib sdpa::kernel_tests
+    cargo +nightly miri test --lib -- sdpa::kernel_tests projection::gemm
 fi
 
 if [[ $what == asan || $what == all ]]; then
@@ -33,5 +33,5 @@ if [[ $what == asan || $what == all ]]; then
   RUSTFLAGS="-Zsanitizer=address" RUSTDOCFLAGS="-Zsanitizer=address" \
   ASAN_OPTIONS="detect_leaks=0" CARGO_TARGET_DIR=target/asan \
     cargo +nightly test -Zbuild-std --target "$target" \
-      --lib --test tiled_props --test hostile_inputs -- --test-threads 2
+      --lib --test tiled_props --test projection --test hostile_inputs -- --test-threads 2
 fi

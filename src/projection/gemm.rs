@@ -291,15 +291,23 @@ mod tests {
     #[test]
     fn gemm_matches_the_reference_at_every_block_edge() {
         let isas = [Isa::detect(false), Isa::Portable];
-        for (m, k, n, col0) in [
+        let shapes = [
             (1, 1, 1, 0),
             (5, 3, 17, 0),
+            (13, 300, 1, 63),
+            (7, 64, 200, 100),
             (63, 129, 65, 0),
             (65, 128, 64, 64),
             (130, 257, 150, 37),
-            (7, 64, 200, 100),
-            (13, 300, 1, 63),
-        ] {
+        ];
+        // Miri interprets every multiply-add: the first four shapes still cross the panel,
+        // micro-tile and k-chunk edges (not the 72-row block's).
+        let shapes = if cfg!(miri) {
+            &shapes[..4]
+        } else {
+            &shapes[..]
+        };
+        for &(m, k, n, col0) in shapes {
             // Wᵀ (k, total) with total = col0 + n + 5 columns, packed into panels.
             let total = col0 + n + 5;
             let wt = pseudo_random(k * total, 2 + n as u32);

@@ -259,58 +259,64 @@ pub unsafe fn softmax_update(
     alpha: *mut f32,
     nv: usize,
 ) {
+    // SAFETY: the caller's contract, with `nv` in 1..=4 (0 does nothing).
+    match nv {
+        0 => {}
+        1 => softmax_nv::<1>(st, nk, m, l, alpha),
+        2 => softmax_nv::<2>(st, nk, m, l, alpha),
+        3 => softmax_nv::<3>(st, nk, m, l, alpha),
+        _ => softmax_nv::<4>(st, nk, m, l, alpha),
+    }
+}
+
+/// [`softmax_update`] for `nv = NV`, a key row (`16 · NV` queries) at a time: `NV`
+/// independent max, `exp2` and sum chains per row.
+///
+/// # Safety
+/// As [`softmax_update`] with `nv = NV` (`1 <= NV <= 4`).
+#[inline(always)]
+unsafe fn softmax_nv<const NV: usize>(
+    st: *mut f32,
+    nk: usize,
+    m: *mut f32,
+    l: *mut f32,
+    alpha: *mut f32,
+) {
     let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
-    // Every access below is `col[j * BQ ..][..16]` with `j < nk` and `16 * v + 16 <= 16 * nv
-    // <= BQ`, inside the `nk * BQ` floats of `st`, or `m`/`l`/`alpha[16 * v ..][..16]`, inside
-    // their `16 * nv` floats: the caller's contract.
-    for v in 0..nv {
-        let col = st.add(16 * v);
+    // Every access below is `st[j * BQ + 16 v ..][..16]` with `j < nk` and `16 v + 16 <= 16 NV
+    // <= BQ`, inside the `nk * BQ` floats of `st`, or `m`/`l`/`alpha[16 v ..][..16]`, inside
+    // their `16 NV` floats: the caller's contract.
+    let mut mx = [neg_inf; NV];
+    for j in 0..nk {
+        let row = st.add(j * BQ);
+        for (v, mx) in mx.iter_mut().enumerate() {
+            *mx = _mm512_max_ps(*mx, _mm512_loadu_ps(row.add(16 * v)));
+        }
+    }
+    let mut m_use = [neg_inf; NV];
+    let mut a = [neg_inf; NV];
+    for v in 0..NV {
         let m_old = _mm512_loadu_ps(m.add(16 * v));
-        // Four independent max chains (latency bound otherwise).
-        let (mut b0, mut b1, mut b2, mut b3) = (neg_inf, neg_inf, neg_inf, neg_inf);
-        let mut j = 0;
-        while j + 4 <= nk {
-            b0 = _mm512_max_ps(b0, _mm512_loadu_ps(col.add(j * BQ)));
-            b1 = _mm512_max_ps(b1, _mm512_loadu_ps(col.add((j + 1) * BQ)));
-            b2 = _mm512_max_ps(b2, _mm512_loadu_ps(col.add((j + 2) * BQ)));
-            b3 = _mm512_max_ps(b3, _mm512_loadu_ps(col.add((j + 3) * BQ)));
-            j += 4;
-        }
-        while j < nk {
-            b0 = _mm512_max_ps(b0, _mm512_loadu_ps(col.add(j * BQ)));
-            j += 1;
-        }
-        let bm = _mm512_max_ps(_mm512_max_ps(b0, b1), _mm512_max_ps(b2, b3));
-        let m_new = _mm512_max_ps(m_old, bm);
+        let m_new = _mm512_max_ps(m_old, mx[v]);
         let dead = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(m_new, neg_inf);
-        let m_use = _mm512_mask_blend_ps(dead, m_new, _mm512_setzero_ps());
-        let a = exp2_ps(_mm512_sub_ps(m_old, m_use));
-        let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        let mut j = 0;
-        while j + 2 <= nk {
-            let p0 = col.add(j * BQ);
-            let p1 = col.add((j + 1) * BQ);
-            let e0 = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(p0), m_use));
-            let e1 = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(p1), m_use));
-            _mm512_storeu_ps(p0, e0);
-            _mm512_storeu_ps(p1, e1);
-            s0 = _mm512_add_ps(s0, e0);
-            s1 = _mm512_add_ps(s1, e1);
-            j += 2;
-        }
-        if j < nk {
-            let p0 = col.add(j * BQ);
-            let e0 = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(p0), m_use));
-            _mm512_storeu_ps(p0, e0);
-            s0 = _mm512_add_ps(s0, e0);
-        }
-        let l_old = _mm512_loadu_ps(l.add(16 * v));
-        _mm512_storeu_ps(
-            l.add(16 * v),
-            _mm512_fmadd_ps(l_old, a, _mm512_add_ps(s0, s1)),
-        );
+        m_use[v] = _mm512_mask_blend_ps(dead, m_new, _mm512_setzero_ps());
+        a[v] = exp2_ps(_mm512_sub_ps(m_old, m_use[v]));
         _mm512_storeu_ps(m.add(16 * v), m_new);
-        _mm512_storeu_ps(alpha.add(16 * v), a);
+        _mm512_storeu_ps(alpha.add(16 * v), a[v]);
+    }
+    let mut sum = [_mm512_setzero_ps(); NV];
+    for j in 0..nk {
+        let row = st.add(j * BQ);
+        for v in 0..NV {
+            let p = row.add(16 * v);
+            let e = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(p), m_use[v]));
+            _mm512_storeu_ps(p, e);
+            sum[v] = _mm512_add_ps(sum[v], e);
+        }
+    }
+    for v in 0..NV {
+        let l_old = _mm512_loadu_ps(l.add(16 * v));
+        _mm512_storeu_ps(l.add(16 * v), _mm512_fmadd_ps(l_old, a[v], sum[v]));
     }
 }
 
