@@ -20,6 +20,9 @@ const MB: usize = 72;
 const R: usize = 6;
 /// Inputs per chunk of the reduction.
 const KC: usize = 128;
+/// Below this many input floats the rows are packed on the calling thread (64K floats take
+/// about 20 µs; a round trip through the pool costs as much).
+const PARALLEL_MIN_PACK: usize = 1 << 18;
 /// Below this many multiply-adds a product runs on the calling thread: waking the pool would
 /// cost more than the product (one decoding step of a small model).
 const PARALLEL_MIN_MACS: usize = 1 << 18;
@@ -76,7 +79,8 @@ pub(super) fn gemm(isa: Isa, op: Operands) -> Vec<f32> {
     let out = OutPtr(y.as_mut_ptr());
     // `x` packed once for all tasks (the tasks of one row block share it).
     with_scratch(m.div_ceil(R) * R * k, |xp| {
-        if parallel {
+        // Packing is a copy: on the pool only when it is big enough to pay for waking it.
+        if parallel && m * k >= PARALLEL_MIN_PACK {
             xp.par_chunks_mut(mb * k)
                 .zip(op.x[..m * k].par_chunks(mb * k))
                 .for_each(|(dst, src)| pack_rows(src, k, dst));
