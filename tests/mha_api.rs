@@ -244,20 +244,7 @@ fn dropout_acts_in_training_only() {
 }
 
 fn randn(shape: (usize, usize, usize, usize), seed: u64) -> Tensor {
-    // Deterministic pseudo-random values (proptest drives the seed).
-    let n = shape.0 * shape.1 * shape.2 * shape.3;
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    let values: Vec<f32> = (0..n)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
-        })
-        .collect();
-    Tensor::from_vec(values, shape, &Device::Cpu).unwrap()
+    common::uniform(&[shape.0, shape.1, shape.2, shape.3], seed)
 }
 
 fn sdpa(q: &Tensor, k: &Tensor, v: &Tensor, mask: Mask) -> (Tensor, Tensor) {

@@ -13,20 +13,7 @@ use proptest::prelude::*;
 use std::collections::HashMap;
 
 fn randn(shape: &[usize], seed: u64) -> Tensor {
-    // candle's CPU RNG cannot be seeded per call: derive values from a small LCG instead.
-    let n: usize = shape.iter().product();
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    let data: Vec<f32> = (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect();
-    Tensor::from_vec(data, shape, &Device::Cpu).unwrap()
+    common::uniform(shape, seed)
 }
 
 /// `x Wᵀ + b` with candle-nn's `Linear`, the reference (which needs a matrix: other ranks

@@ -8,6 +8,7 @@
 #![allow(clippy::too_many_arguments)]
 
 use super::PANEL;
+use crate::sdpa::avx512::{load, store};
 use core::arch::x86_64::*;
 
 /// Rows per micro-tile: 6 rows × 4 vectors = 24 accumulators, 4 registers of `Wᵀ` and one
@@ -132,24 +133,7 @@ unsafe fn tile<const NV: usize, const RR: usize, const FULL: bool>(
     }
     for (r, acc) in acc.iter().enumerate() {
         for (v, a) in acc.iter().enumerate() {
-            if masked(v) {
-                _mm512_mask_storeu_ps(y.add(r * ys + 16 * v), tail, *a);
-            } else {
-                _mm512_storeu_ps(y.add(r * ys + 16 * v), *a);
-            }
+            store(masked(v), tail, y.add(r * ys + 16 * v), *a);
         }
-    }
-}
-
-/// `p[..16]`, or only the lanes of `tail` (the others zero, not read) when `masked`.
-///
-/// # Safety
-/// AVX-512F available; the lanes read are readable.
-#[inline(always)]
-unsafe fn load(masked: bool, tail: __mmask16, p: *const f32) -> __m512 {
-    if masked {
-        _mm512_maskz_loadu_ps(tail, p)
-    } else {
-        _mm512_loadu_ps(p)
     }
 }

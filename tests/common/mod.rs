@@ -5,6 +5,24 @@ use candle::{DType, Tensor};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
+/// A CPU `f32` tensor of `shape` with values uniform in [-1, 1) from a seeded LCG:
+/// deterministic, which candle's own RNG is not per call (property tests drive the seed).
+pub fn uniform(shape: &[usize], seed: u64) -> Tensor {
+    let n: usize = shape.iter().product();
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let values: Vec<f32> = (0..n)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+        })
+        .collect();
+    Tensor::from_vec(values, shape, &candle::Device::Cpu).unwrap()
+}
+
 /// `tests/fixtures/mha`.
 pub fn mha_fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mha")
