@@ -322,8 +322,8 @@ unsafe fn softmax_nv<const NV: usize>(
 
 /// `o[i * os ..][:dv] = alpha[i] * o[i * os ..][:dv] + Σ_j st[j * BQ + i] * v[j * vs ..][:dv]`
 /// for rows `0..nq`, keys `0..nk`; with `first`, `o[i * os ..][:dv] = Σ_j ...` (the old rows
-/// are not read, so they may hold anything). (Also the projection GEMM of [`crate::projection`], with
-/// `st` a transposed block of inputs and `v` the transposed weight.)
+/// are not read, so they may hold anything). `os` is the output row stride: `Dv` for a
+/// contiguous block, `H · Dv` in the `(B, L, H, Dv)` output.
 ///
 /// # Safety
 /// AVX-512F available; `nq <= BQ`; `dv <= os` when `nq > 1`; `st` readable for `nk * BQ`

@@ -815,8 +815,7 @@ fn softmax_update(
 }
 
 /// `o[i * os ..][:dv] = alpha[i] · o[i * os ..][:dv] + Σ_j st[j * BQ + i] · v[j * vs ..][:dv]`
-/// for rows `i < nq`, keys `j < nk`: the `P · V` step here, and the GEMM micro-kernel of
-/// [`crate::projection`].
+/// for rows `i < nq`, keys `j < nk`: the `P · V` step, into output rows `os` floats apart.
 ///
 /// With `first` the old rows are not read (they may be uninitialised): `o = Σ_j ...`.
 ///
