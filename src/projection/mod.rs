@@ -90,8 +90,14 @@ impl Projection {
                 )
             }
         }
-        let weight = if is_cpu_constant_f32(weight) && bias.as_ref().is_none_or(is_cpu_constant_f32)
-        {
+        let packable = is_cpu_constant_f32(weight) && bias.as_ref().is_none_or(is_cpu_constant_f32);
+        // The packed path reads the bias in place on every call: make it contiguous once here
+        // (its narrowings by `narrow_outputs` stay contiguous).
+        let bias = match bias {
+            Some(b) if packable => Some(b.contiguous()?),
+            b => b,
+        };
+        let weight = if packable {
             let w = weight.flatten_all()?.to_vec1::<f32>()?;
             let panels = out.div_ceil(PANEL);
             let mut packed = vec![0f32; panels * inp * PANEL];
@@ -216,7 +222,7 @@ impl Module for Projection {
         }
         if x.dtype() != self.dtype() {
             candle::bail!(
-                "linear layer input has dtype {:?} but its weight is {:?}",
+                "linear layer input has dtype {:?} but its weight is {:?}; convert one of them with to_dtype",
                 x.dtype(),
                 self.dtype()
             )
@@ -265,7 +271,13 @@ fn cpu_linear(
     bias: Option<&Tensor>,
 ) -> candle::Result<Tensor> {
     let (_, k, _) = panels.dims3()?;
-    let bias = bias.map(|b| b.to_vec1::<f32>()).transpose()?;
+    // Borrowed in place (contiguous since `Projection::new`), not copied per call.
+    let bias_guard = bias.map(|b| (b.storage_and_layout(), b.is_contiguous()));
+    let bias = match &bias_guard {
+        Some(((bs, bl), true)) => Some(&tiled::cpu_f32(bs)?[bl.start_offset()..][..n]),
+        Some((_, false)) => candle::bail!("internal: a packed projection's bias is not contiguous"),
+        None => None,
+    };
     let (xs, xl) = x.storage_and_layout();
     let x = &tiled::cpu_f32(&xs)?[xl.start_offset()..][..m * k];
     let (ps, pl) = panels.storage_and_layout();
@@ -279,7 +291,7 @@ fn cpu_linear(
             panels,
             col0,
             n,
-            bias: bias.as_deref(),
+            bias,
         },
     );
     Tensor::from_vec(y, (m, n), &Device::Cpu)
