@@ -10,7 +10,7 @@
 //! PyTorch's own answer, so the program ends by printing how far we are from it.
 
 use anyhow::{Context, Result};
-use candle::{DType, Device, Module, D};
+use candle::{DType, Device, D};
 use candle_attention::{
     AttentionArgs, Mask, MultiHeadAttention, MultiHeadAttentionConfig, TensorFile,
 };

@@ -1,16 +1,31 @@
-//! Per-block key/value cache for incremental decoding.
+//! Caches for incremental decoding, and the calls that use them.
 //!
-//! Each decoding step projects only the new tokens' keys and values and appends them; attention
-//! then reads the whole prefix. Appends write into a buffer whose capacity doubles when full, so
-//! a step costs time proportional to the prefix it attends to, not to the square of it.
+//! * [`KvCache`]: the keys and values of the tokens one self-attention block has seen. Each
+//!   decoding step projects only the new tokens' keys and values and appends them; attention then
+//!   reads the whole prefix. Appends write into a buffer whose capacity doubles when full, so a
+//!   step costs time proportional to the prefix it attends to, not to the square of it.
+//! * [`CrossAttentionCache`]: the encoder memory projected to keys and values once per sequence,
+//!   tagged with the memory it came from.
+//! * [`MultiHeadAttention::attend_cached`] and [`MultiHeadAttention::attend_cross`]: one call
+//!   that projects, appends and attends with the causal offset taken from the cache, so that
+//!   nobody has to compute `Mask::causal_with_offset(len_before_append)` by hand.
+//!
+//! Clones are independent: a clone of a [`KvCache`] shares its buffer until one of the two
+//! appends, which then copies (copy on write). Forking a decode (sampling several
+//! continuations, speculative decoding) is `cache.clone()`.
 
-use candle::Tensor;
+use crate::mask::Mask;
+use crate::mha::{AttentionArgs, MultiHeadAttention};
+use crate::sdpa::AttentionOutput;
+use candle::{Tensor, TensorId};
+use std::sync::Arc;
 
 /// Keys and values `(B, H, S, head_dim)` of the tokens seen so far by one attention block.
 #[derive(Clone, Debug, Default)]
 pub struct KvCache {
-    /// `(B, H, capacity, head_dim)` buffers; positions `0..len` are valid.
-    buffers: Option<(Tensor, Tensor)>,
+    /// `(B, H, capacity, head_dim)` buffers; positions `0..len` are valid. Shared by clones until
+    /// one of them writes (see [`KvCache::append`]).
+    buffers: Option<Arc<(Tensor, Tensor)>>,
     len: usize,
 }
 
@@ -35,10 +50,22 @@ impl KvCache {
         *self = Self::default();
     }
 
+    /// The cached keys and values, `(B, H, S, head_dim)` views (no copy), or `None` when empty.
+    pub fn keys_values(&self) -> candle::Result<Option<(Tensor, Tensor)>> {
+        match &self.buffers {
+            None => Ok(None),
+            Some(kv) => Ok(Some((
+                kv.0.narrow(2, 0, self.len)?,
+                kv.1.narrow(2, 0, self.len)?,
+            ))),
+        }
+    }
+
     /// Appends `k`, `v` `(B, H, T, head_dim)` and returns all cached keys and values
     /// `(B, H, S + T, head_dim)`. Batch, heads, head size, dtype and device must match what is
     /// cached. Under autograd (a tracked `k` or `v`) it concatenates instead of writing in place,
-    /// so gradients are kept.
+    /// so gradients are kept. A buffer shared with a clone is copied before it is written, so
+    /// the clone never sees this append.
     pub fn append(&mut self, k: &Tensor, v: &Tensor) -> candle::Result<(Tensor, Tensor)> {
         let (b, h, t, d) = k.dims4()?;
         if v.dims4()?.0 != b || v.dim(1)? != h || v.dim(2)? != t {
@@ -48,14 +75,19 @@ impl KvCache {
                 v.dims()
             )
         }
-        let Some((kb, vb)) = &self.buffers else {
+        let Some(shared) = &self.buffers else {
             let (k, v) = (k.contiguous()?, v.contiguous()?);
-            self.buffers = Some((k.clone(), v.clone()));
+            self.buffers = Some(Arc::new((k.clone(), v.clone())));
             self.len = t;
             return Ok((k, v));
         };
+        let (kb, vb) = (&shared.0, &shared.1);
         let (cb, ch, cap, cd) = kb.dims4()?;
-        if (cb, ch, cd) != (b, h, d) || vb.dim(3)? != v.dim(3)? || kb.dtype() != k.dtype() {
+        if (cb, ch, cd) != (b, h, d)
+            || vb.dim(3)? != v.dim(3)?
+            || kb.dtype() != k.dtype()
+            || !kb.device().same_device(k.device())
+        {
             candle::bail!(
                 "kv cache holds keys {:?} ({:?}) and cannot take {:?} ({:?})",
                 kb.narrow(2, 0, self.len)?.dims(),
@@ -68,14 +100,21 @@ impl KvCache {
         if k.track_op() || v.track_op() || kb.track_op() {
             let k_all = Tensor::cat(&[&kb.narrow(2, 0, self.len)?, k], 2)?;
             let v_all = Tensor::cat(&[&vb.narrow(2, 0, self.len)?, v], 2)?;
-            self.buffers = Some((k_all.clone(), v_all.clone()));
+            self.buffers = Some(Arc::new((k_all.clone(), v_all.clone())));
             self.len = new_len;
             return Ok((k_all, v_all));
         }
-        // Full: move the valid prefix into buffers of at least twice the capacity.
-        let (kb, vb) = if new_len > cap {
+        // Written in place only when this cache is the buffer's sole owner and it has room;
+        // otherwise the valid prefix moves into new buffers (at least twice the capacity when
+        // full), which also separates this cache from its clones.
+        let sole_owner = Arc::strong_count(shared) == 1;
+        let (kb, vb) = if new_len > cap || !sole_owner {
+            let new_cap = if new_len > cap {
+                new_len.max(2 * cap)
+            } else {
+                cap
+            };
             let grow = |buf: &Tensor, x: &Tensor| -> candle::Result<Tensor> {
-                let new_cap = new_len.max(2 * cap);
                 let extra =
                     Tensor::zeros((b, h, new_cap - self.len, x.dim(3)?), x.dtype(), x.device())?;
                 Tensor::cat(&[&buf.narrow(2, 0, self.len)?, &extra], 2)
@@ -88,13 +127,14 @@ impl KvCache {
         vb.slice_set(&v.contiguous()?, 2, self.len)?;
         self.len = new_len;
         let views = (kb.narrow(2, 0, new_len)?, vb.narrow(2, 0, new_len)?);
-        self.buffers = Some((kb, vb));
+        self.buffers = Some(Arc::new((kb, vb)));
         Ok(views)
     }
 
     /// Keeps batch rows `rows` (e.g. the surviving beams), in that order: `(B', H, S, head_dim)`.
     pub fn select_rows(&mut self, rows: &Tensor) -> candle::Result<()> {
-        if let Some((k, v)) = &self.buffers {
+        if let Some(kv) = &self.buffers {
+            let (k, v) = (&kv.0, &kv.1);
             let k = k
                 .narrow(2, 0, self.len)?
                 .contiguous()?
@@ -103,7 +143,224 @@ impl KvCache {
                 .narrow(2, 0, self.len)?
                 .contiguous()?
                 .index_select(rows, 0)?;
-            self.buffers = Some((k, v));
+            self.buffers = Some(Arc::new((k, v)));
+        }
+        Ok(())
+    }
+}
+
+/// The encoder memory `(B, S, E)` of one encoder-decoder attention block, projected to keys and
+/// values `(B, H, S, head_dim)` once per sequence, and the memory it was projected from.
+///
+/// Filled by the first [`MultiHeadAttention::attend_cross`] call; later calls must pass the same
+/// memory tensor (or a clone of it): a different one is an error, never a silent reuse of the
+/// old projection. After [`CrossAttentionCache::select_rows`] the cache holds the rows of the
+/// reordered memory given to it.
+#[derive(Clone, Debug, Default)]
+pub struct CrossAttentionCache {
+    kv: Option<(Tensor, Tensor)>,
+    /// The id and shape of the memory the keys and values were projected from.
+    memory: Option<(TensorId, Vec<usize>)>,
+}
+
+impl CrossAttentionCache {
+    /// An empty cache: the next [`MultiHeadAttention::attend_cross`] projects its memory.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// True before the memory has been projected.
+    pub fn is_empty(&self) -> bool {
+        self.kv.is_none()
+    }
+
+    /// Forgets the projected memory.
+    pub fn reset(&mut self) {
+        *self = Self::default();
+    }
+
+    /// The projected keys and values `(B, H, S, head_dim)`, or `None` when empty.
+    pub fn keys_values(&self) -> Option<(&Tensor, &Tensor)> {
+        self.kv.as_ref().map(|(k, v)| (k, v))
+    }
+
+    /// True when the cache holds the projection of `memory` (the same tensor or a clone).
+    pub fn holds(&self, memory: &Tensor) -> bool {
+        self.memory
+            .as_ref()
+            .is_some_and(|(id, _)| *id == memory.id())
+    }
+
+    /// Keeps batch rows `rows` (`U32`, e.g. the surviving beams), in that order, and records
+    /// `memory` `(rows.len(), S, E)`, the memory reordered the same way, as the one it now holds.
+    pub fn select_rows(&mut self, rows: &Tensor, memory: &Tensor) -> candle::Result<()> {
+        let Some((k, v)) = &self.kv else {
+            return Ok(());
+        };
+        let n = rows.dim(0)?;
+        let expected_rest = self.memory.as_ref().map(|(_, d)| &d[1..]);
+        if memory.rank() != 3 || memory.dim(0)? != n || expected_rest != Some(&memory.dims()[1..]) {
+            candle::bail!(
+                "cross-attention cache: reordering to {n} rows of a memory {:?}, but the new \
+                 memory is {:?} (it must be the old memory reordered the same way)",
+                self.memory
+                    .as_ref()
+                    .map(|(_, d)| d.clone())
+                    .unwrap_or_default(),
+                memory.dims()
+            )
+        }
+        self.kv = Some((
+            k.contiguous()?.index_select(rows, 0)?,
+            v.contiguous()?.index_select(rows, 0)?,
+        ));
+        self.memory = Some((memory.id(), memory.dims().to_vec()));
+        Ok(())
+    }
+}
+
+/// Options of [`MultiHeadAttention::attend_cached`]. `Default`: causal, no padding, no weights,
+/// eval mode.
+#[derive(Clone, Debug)]
+pub struct CachedAttentionArgs<'a> {
+    /// Query `i` of the new tokens sees the cached keys and the new keys up to itself (a decoder's
+    /// self-attention). The offset is taken from the cache. `false`: every key is visible.
+    pub causal: bool,
+    /// Key padding `(B, S_past + T)` covering the cached and the new positions: `U8` non-zero =
+    /// padding (torch's polarity; see [`Mask::key_padding_from_attention_mask`] for Hugging Face's).
+    pub key_padding: Option<&'a Tensor>,
+    /// Any further mask, resolved against `(B, H, T, S_past + T)`.
+    pub mask: Mask,
+    /// Return the attention weights over all `S_past + T` keys.
+    pub need_weights: bool,
+    /// Average the weights over heads.
+    pub average_weights: bool,
+    /// Training mode: attention dropout.
+    pub train: bool,
+}
+
+impl Default for CachedAttentionArgs<'_> {
+    fn default() -> Self {
+        Self {
+            causal: true,
+            key_padding: None,
+            mask: Mask::none(),
+            need_weights: false,
+            average_weights: true,
+            train: false,
+        }
+    }
+}
+
+impl MultiHeadAttention {
+    /// Self-attention of new tokens through a [`KvCache`]: projects `x` `(B, T, E)`, appends
+    /// its keys and values to `cache` and attends over everything cached, with the causal offset
+    /// taken from the cache (the number of positions cached before this call).
+    ///
+    /// Returns `output` `(B, T, E)`, equal to the last `T` rows of a full causal pass over the
+    /// whole sequence, and the weights `(B, T, S_past + T)` (averaged) or `(B, H, T, S_past + T)`
+    /// when requested.
+    ///
+    /// ```
+    /// use candle::{DType, Device, Tensor};
+    /// use candle_attention::{kv_cache::CachedAttentionArgs, KvCache, MultiHeadAttention,
+    ///     MultiHeadAttentionConfig};
+    /// use candle_nn::{VarBuilder, VarMap};
+    /// # fn main() -> candle::Result<()> {
+    /// let dev = Device::Cpu;
+    /// let varmap = VarMap::new();
+    /// let mha = MultiHeadAttention::new(
+    ///     MultiHeadAttentionConfig::new(16, 4),
+    ///     VarBuilder::from_varmap(&varmap, DType::F32, &dev),
+    /// )?;
+    /// let x = Tensor::randn(0f32, 1., (1, 5, 16), &dev)?;
+    /// let mut cache = KvCache::new();
+    /// for t in 0..5 {
+    ///     let step = mha.attend_cached(&x.narrow(1, t, 1)?, &mut cache, &Default::default())?;
+    ///     assert_eq!(step.output.dims(), &[1, 1, 16]);
+    /// }
+    /// assert_eq!(cache.len(), 5);
+    /// # let _: CachedAttentionArgs = Default::default();
+    /// # Ok(()) }
+    /// ```
+    pub fn attend_cached(
+        &self,
+        x: &Tensor,
+        cache: &mut KvCache,
+        args: &CachedAttentionArgs,
+    ) -> candle::Result<AttentionOutput> {
+        self.check_cached_input("x", x)?;
+        let past = cache.len();
+        let q = self.project_query(x)?;
+        let (k, v) = self.project_key_value(x, x)?;
+        let (k, v) = cache.append(&k, &v)?;
+        let mut mask = args.mask.clone();
+        if args.causal {
+            mask = mask.and(Mask::causal_with_offset(past));
+        }
+        let attn_args = AttentionArgs {
+            mask,
+            key_padding: args.key_padding,
+            need_weights: args.need_weights,
+            average_weights: args.average_weights,
+            train: args.train,
+        };
+        self.attend_projected(&q, &k, &v, &attn_args)
+    }
+
+    /// Encoder-decoder attention of `x` `(B, T, E)` over `memory` `(B, S, kdim)` through a
+    /// [`CrossAttentionCache`]: the memory's keys and values are projected on the first call
+    /// and reused after; a call with a different memory tensor is an error. `args` as for
+    /// [`MultiHeadAttention::attend`] (key padding `(B, S)` for the memory).
+    pub fn attend_cross(
+        &self,
+        x: &Tensor,
+        memory: &Tensor,
+        cache: &mut CrossAttentionCache,
+        args: &AttentionArgs,
+    ) -> candle::Result<AttentionOutput> {
+        self.check_cached_input("x", x)?;
+        if memory.rank() != 3 || memory.dim(0)? != x.dim(0)? {
+            candle::bail!(
+                "memory must be (batch, seq, features) with the batch of x {:?}, got {:?}",
+                x.dims(),
+                memory.dims()
+            )
+        }
+        let (k, v) = match (&cache.kv, &cache.memory) {
+            (Some(kv), Some(_)) if cache.holds(memory) => kv.clone(),
+            (Some(_), Some((_, dims))) => candle::bail!(
+                "cross-attention cache holds the projection of another memory tensor {dims:?}, \
+                 got memory {:?}: pass the memory the cache was filled from, or reset() the \
+                 cache to project a new one",
+                memory.dims()
+            ),
+            _ => {
+                let kv = self.project_key_value(memory, memory)?;
+                cache.kv = Some(kv.clone());
+                cache.memory = Some((memory.id(), memory.dims().to_vec()));
+                kv
+            }
+        };
+        let q = self.project_query(x)?;
+        self.attend_projected(&q, &k, &v, args)
+    }
+
+    /// `x` must be batched `(B, T, E)` in the weights' dtype for the cached calls.
+    fn check_cached_input(&self, name: &str, x: &Tensor) -> candle::Result<()> {
+        let e = self.config().embed_dim;
+        if x.rank() != 3 || x.dim(2)? != e {
+            candle::bail!(
+                "{name} must be (batch, seq, {e}) for cached attention, got {:?}",
+                x.dims()
+            )
+        }
+        if x.dtype() != self.dtype() {
+            candle::bail!(
+                "{name} has dtype {:?} but the layer's weights are {:?}; convert one of them with to_dtype",
+                x.dtype(),
+                self.dtype()
+            )
         }
         Ok(())
     }
@@ -156,5 +413,30 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("cannot take [2, 3, 1, 4]"));
+    }
+
+    #[test]
+    fn clones_are_independent() {
+        let dev = Device::Cpu;
+        let mut a = KvCache::new();
+        let kv = |x: f32| Tensor::full(x, (1, 2, 1, 3), &dev).unwrap();
+        a.append(&kv(1.0), &kv(1.0)).unwrap();
+        a.append(&kv(2.0), &kv(2.0)).unwrap(); // capacity 2, full
+        a.append(&kv(3.0), &kv(3.0)).unwrap(); // capacity 4, one slot free
+        let mut b = a.clone();
+        let (ka, _) = a.append(&kv(10.0), &kv(10.0)).unwrap();
+        let (kb, _) = b.append(&kv(20.0), &kv(20.0)).unwrap();
+        let last = |t: &Tensor| -> f32 {
+            t.narrow(2, 3, 1)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()[0]
+        };
+        assert_eq!(last(&ka), 10.0);
+        assert_eq!(last(&kb), 20.0);
+        let (ka, _) = a.keys_values().unwrap().unwrap();
+        assert_eq!(last(&ka), 10.0, "b's append must not write into a's buffer");
     }
 }

@@ -8,7 +8,7 @@
 //!
 //! * [`scaled_dot_product_attention`] on `(batch, heads, seq, head_dim)` tensors, with every
 //!   [`Mask`] a model needs: causal (with a cache offset), boolean, additive and key padding.
-//! * [`MultiHeadAttention`], a [`candle::Module`] with everything `torch.nn.MultiheadAttention`
+//! * [`MultiHeadAttention`], a [`candle::ModuleT`] (dropout in training mode) with everything `torch.nn.MultiheadAttention`
 //!   has, loading torch (`in_proj_weight`, `q_proj_weight`, ...) and Hugging Face
 //!   (`q_proj.weight`, ...) weights through a [`candle_nn::VarBuilder`].
 //! * [`TensorFile`] reads safetensors files, including torch's `BOOL` masks, with errors that
@@ -21,7 +21,7 @@
 //! ## Quick start
 //!
 //! ```
-//! use candle::{DType, Device, Module, Tensor};
+//! use candle::{DType, Device, Tensor};
 //! use candle_attention::{AttentionArgs, Mask, MultiHeadAttention, MultiHeadAttentionConfig};
 //! use candle_nn::{VarBuilder, VarMap};
 //! # fn main() -> candle::Result<()> {
@@ -53,6 +53,7 @@
 
 pub mod decode;
 pub mod kv_cache;
+pub mod marian;
 pub mod mask;
 pub mod mha;
 pub mod projection;
@@ -63,6 +64,7 @@ pub mod translate;
 pub mod weights;
 
 pub use decode::{beam_search, greedy, Hypothesis, SearchConfig, StepDecoder};
+pub use kv_cache::{CachedAttentionArgs, CrossAttentionCache, KvCache};
 pub use mask::{AttentionShape, Mask};
 pub use mha::{AttentionArgs, MultiHeadAttention, MultiHeadAttentionConfig};
 pub use projection::Projection;

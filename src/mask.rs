@@ -102,6 +102,44 @@ impl Mask {
         Ok(Self::single(MaskTerm::Blocked(mask)))
     }
 
+    /// A mask of **blocked** positions: non-zero = this key may *not* be attended (torch
+    /// `nn.MultiheadAttention`'s boolean `attn_mask`). Any integer dtype; same shapes as
+    /// [`Mask::boolean`]. The opposite polarity is [`Mask::allowed`].
+    ///
+    /// ```
+    /// use candle::{Device, Tensor};
+    /// use candle_attention::Mask;
+    /// # fn main() -> candle::Result<()> {
+    /// // Query 0 may not look at key 1.
+    /// let blocked = Mask::blocked(Tensor::new(&[[0u8, 1], [0, 0]], &Device::Cpu)?)?;
+    /// // The same constraint written as torch's F.scaled_dot_product_attention wants it.
+    /// let allowed = Mask::allowed(Tensor::new(&[[1u8, 0], [1, 1]], &Device::Cpu)?)?;
+    /// # let _ = (blocked, allowed);
+    /// # Ok(()) }
+    /// ```
+    pub fn blocked(mask: Tensor) -> candle::Result<Self> {
+        check_integer("blocked mask", &mask)?;
+        Self::boolean(mask.ne(0f64)?)
+    }
+
+    /// A mask of **allowed** positions: non-zero = this key *may* be attended, zero = blocked.
+    /// This is the polarity of torch's `F.scaled_dot_product_attention` boolean `attn_mask`
+    /// (`True` = take part in attention) and of Hugging Face `attention_mask`s. Any integer
+    /// dtype; same shapes as [`Mask::boolean`].
+    pub fn allowed(mask: Tensor) -> candle::Result<Self> {
+        check_integer("allowed mask", &mask)?;
+        Self::boolean(mask.eq(0f64)?)
+    }
+
+    /// Key padding from a Hugging Face `attention_mask` `(batch, S)`: `1` = a real token (keep),
+    /// `0` = padding (blocked). Any integer dtype (`U8`, `U32`, `I64`). The opposite polarity of
+    /// [`Mask::key_padding`], which takes `true` = padding as torch does.
+    pub fn key_padding_from_attention_mask(attention_mask: &Tensor) -> candle::Result<Self> {
+        check_rank("attention_mask", attention_mask, &[2])?;
+        check_integer("attention_mask", attention_mask)?;
+        Self::key_padding(attention_mask.eq(0f64)?)
+    }
+
     /// An additive mask (float dtype), added to the scaled scores; `-inf` blocks. Shapes as
     /// for [`Mask::boolean`].
     pub fn additive(mask: Tensor) -> candle::Result<Self> {
@@ -318,6 +356,19 @@ pub(crate) fn add_blocking_wins(a: &Tensor, b: &Tensor) -> candle::Result<Tensor
         .broadcast_as(sum.shape())?;
     let neg_inf = Tensor::new(f32::NEG_INFINITY, a.device())?.broadcast_as(sum.shape())?;
     blocked.where_cond(&neg_inf, &sum)
+}
+
+/// Polarity-explicit masks take integer tensors only: a float tensor is more likely an additive
+/// mask passed to the wrong constructor.
+fn check_integer(what: &str, t: &Tensor) -> candle::Result<()> {
+    if t.dtype().is_float() {
+        candle::bail!(
+            "{what} must have an integer dtype (U8, U32 or I64), got {:?}; \
+             use Mask::additive for a float mask",
+            t.dtype()
+        )
+    }
+    Ok(())
 }
 
 fn check_rank(what: &str, t: &Tensor, ranks: &[usize]) -> candle::Result<()> {

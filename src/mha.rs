@@ -10,7 +10,7 @@ use crate::mask::{AttentionShape, Mask};
 use crate::projection::Projection;
 use crate::sdpa::{scaled_dot_product_attention, AttentionOutput, SdpaArgs};
 use crate::weights::{MhaLayout, MhaWeightsInfo};
-use candle::{DType, Module, Tensor};
+use candle::{DType, Module, ModuleT, Tensor};
 use candle_nn::{Init, VarBuilder};
 
 /// The hyper-parameters of a [`MultiHeadAttention`], named as in `torch.nn.MultiheadAttention`.
@@ -648,11 +648,27 @@ impl MultiHeadAttention {
     }
 }
 
-/// Self-attention without mask, in eval mode: `xs` `(B, L, E)` or `(L, E)` → same shape.
-/// (candle's blanket `ModuleT` impl ignores its `train` flag; for attention dropout call
-/// [`MultiHeadAttention::attend`] with `train: true`.)
-impl Module for MultiHeadAttention {
-    fn forward(&self, xs: &Tensor) -> candle::Result<Tensor> {
-        Ok(self.attend(xs, xs, xs, &AttentionArgs::default())?.output)
+impl MultiHeadAttention {
+    /// Self-attention without mask, in eval mode: `xs` `(B, L, E)` or `(L, E)` → same shape.
+    /// For training mode (attention dropout) use [`candle::ModuleT::forward_t`].
+    pub fn forward(&self, xs: &Tensor) -> candle::Result<Tensor> {
+        self.forward_t(xs, false)
+    }
+}
+
+/// Self-attention without mask: `xs` `(B, L, E)` or `(L, E)` → same shape, with attention
+/// dropout when `train` (as torch's module in `.train()` mode).
+///
+/// `MultiHeadAttention` is a [`ModuleT`] rather than a [`candle::Module`]: candle implements
+/// `ModuleT` for every `Module` by ignoring the `train` flag, so a type can be one or the
+/// other; like `candle_nn::Dropout` we choose the one that honours training mode. The inherent
+/// [`MultiHeadAttention::forward`] is the eval pass.
+impl ModuleT for MultiHeadAttention {
+    fn forward_t(&self, xs: &Tensor, train: bool) -> candle::Result<Tensor> {
+        let args = AttentionArgs {
+            train,
+            ..Default::default()
+        };
+        Ok(self.attend(xs, xs, xs, &args)?.output)
     }
 }

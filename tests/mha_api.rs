@@ -3,7 +3,7 @@
 
 mod common;
 
-use candle::{DType, Device, Module, Tensor, D};
+use candle::{DType, Device, Tensor, D};
 use candle_attention::{
     scaled_dot_product_attention, AttentionArgs, Mask, MhaLayout, MultiHeadAttention,
     MultiHeadAttentionConfig, SdpaArgs, TensorFile,

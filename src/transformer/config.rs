@@ -12,6 +12,13 @@ pub enum Activation {
     Relu,
     /// The exact (erf) GELU, as torch's `F.gelu` (not candle's tanh approximation).
     Gelu,
+    /// The tanh approximation of GELU (Hugging Face `gelu_new`, `gelu_pytorch_tanh`,
+    /// `gelu_fast`).
+    #[serde(alias = "gelu_new")]
+    GeluTanh,
+    /// `x · sigmoid(x)` (Hugging Face `swish` / `silu`; MarianMT's default).
+    #[serde(alias = "swish")]
+    Silu,
 }
 
 impl Activation {
@@ -20,19 +27,83 @@ impl Activation {
         match self {
             Activation::Relu => xs.relu(),
             Activation::Gelu => xs.gelu_erf(),
+            Activation::GeluTanh => xs.gelu(),
+            Activation::Silu => xs.silu(),
         }
     }
 }
 
 impl std::str::FromStr for Activation {
     type Err = String;
+    /// torch's names (`relu`, `gelu`) and Hugging Face's `activation_function` values (`swish`,
+    /// `silu`, `gelu_new`, `gelu_pytorch_tanh`, `gelu_fast`).
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "relu" => Ok(Activation::Relu),
             "gelu" => Ok(Activation::Gelu),
+            "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" | "gelutanh" => Ok(Activation::GeluTanh),
+            "swish" | "silu" => Ok(Activation::Silu),
             other => Err(format!(
-                "unknown activation '{other}' (expected relu or gelu)"
+                "unknown activation '{other}' (expected relu, gelu, gelu_new, gelu_pytorch_tanh, \
+                 gelu_fast, swish or silu)"
             )),
+        }
+    }
+}
+
+/// How the tensors inside a layer are named: `torch.nn.Transformer*Layer` or the Hugging Face
+/// BART family (BART, Marian, mBART, Whisper...). The attention blocks themselves are detected
+/// by [`crate::MultiHeadAttention::load`] (fused torch or `q_proj`/`k_proj`/... names).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerNaming {
+    /// `self_attn`, `multihead_attn`, `linear1`, `linear2`, `norm1`, `norm2` (`norm3`).
+    #[default]
+    Torch,
+    /// `self_attn`, `encoder_attn`, `fc1`, `fc2`, `self_attn_layer_norm`,
+    /// `encoder_attn_layer_norm`, `final_layer_norm`.
+    HuggingFace,
+}
+
+impl LayerNaming {
+    /// The encoder-decoder attention block of a decoder layer.
+    pub fn cross_attn(self) -> &'static str {
+        match self {
+            Self::Torch => "multihead_attn",
+            Self::HuggingFace => "encoder_attn",
+        }
+    }
+
+    /// The two feed-forward linear layers.
+    pub fn linears(self) -> (&'static str, &'static str) {
+        match self {
+            Self::Torch => ("linear1", "linear2"),
+            Self::HuggingFace => ("fc1", "fc2"),
+        }
+    }
+
+    /// The norm after (post-norm) or before (pre-norm) self-attention.
+    pub fn self_attn_norm(self) -> &'static str {
+        match self {
+            Self::Torch => "norm1",
+            Self::HuggingFace => "self_attn_layer_norm",
+        }
+    }
+
+    /// The norm around a decoder's encoder-decoder attention.
+    pub fn cross_attn_norm(self) -> &'static str {
+        match self {
+            Self::Torch => "norm2",
+            Self::HuggingFace => "encoder_attn_layer_norm",
+        }
+    }
+
+    /// The norm around the feed-forward block: `decoder` layers have one more norm in torch.
+    pub fn feed_forward_norm(self, decoder: bool) -> &'static str {
+        match (self, decoder) {
+            (Self::Torch, false) => "norm2",
+            (Self::Torch, true) => "norm3",
+            (Self::HuggingFace, _) => "final_layer_norm",
         }
     }
 }
@@ -61,6 +132,9 @@ pub struct TransformerConfig {
     pub norm_first: bool,
     /// Biases in linear layers and LayerNorms.
     pub bias: bool,
+    /// Tensor names inside each layer (torch unless said; old config files have no such field).
+    #[serde(default)]
+    pub naming: LayerNaming,
 }
 
 impl TransformerConfig {
@@ -78,6 +152,7 @@ impl TransformerConfig {
             layer_norm_eps: 1e-5,
             norm_first: false,
             bias: true,
+            naming: LayerNaming::Torch,
         }
     }
 

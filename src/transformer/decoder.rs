@@ -5,7 +5,7 @@
 use super::config::TransformerConfig;
 use super::feed_forward::{dropout, FeedForward};
 use super::norm::LayerNorm;
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{CachedAttentionArgs, CrossAttentionCache, KvCache};
 use crate::mask::Mask;
 use crate::mha::{AttentionArgs, MultiHeadAttention};
 use candle::{Module, Tensor};
@@ -14,8 +14,9 @@ use candle_nn::VarBuilder;
 /// Masks of a decoder pass.
 #[derive(Clone, Debug, Default)]
 pub struct DecoderMasks<'a> {
-    /// Self-attention mask over the target, `(T, T')` or `(B * nhead, T, T')` (torch's
-    /// `tgt_mask`; usually [`Mask::causal`]). With a cache, `T'` counts cached positions too.
+    /// Self-attention mask over the target, `(T, T)` or `(B * nhead, T, T)` (torch's
+    /// `tgt_mask`; usually [`Mask::causal`]). In a cached pass the causal mask comes from the
+    /// cache and this holds only further constraints over `(T, cached + T)`.
     pub tgt_mask: Mask,
     /// Encoder-decoder attention mask `(T, S)` or `(B * nhead, T, S)` (torch's `memory_mask`).
     pub memory_mask: Mask,
@@ -31,10 +32,11 @@ pub struct DecoderMasks<'a> {
 #[derive(Clone, Debug, Default)]
 pub struct DecoderLayerCache {
     self_attn: KvCache,
-    memory_kv: Option<(Tensor, Tensor)>,
+    cross_attn: CrossAttentionCache,
 }
 
-/// The state of incremental decoding for a whole decoder: one [`DecoderLayerCache`] per layer.
+/// The state of incremental decoding for a whole decoder: one cache per layer. Clones are
+/// independent (forking a decode).
 #[derive(Clone, Debug, Default)]
 pub struct DecoderCache {
     layers: Vec<DecoderLayerCache>,
@@ -51,23 +53,21 @@ impl DecoderCache {
         self.len() == 0
     }
 
-    /// Keeps batch rows `rows` (`U32`, e.g. surviving beams), in that order.
-    pub fn select_rows(&mut self, rows: &Tensor) -> candle::Result<()> {
+    /// Keeps batch rows `rows` (`U32`, e.g. surviving beams), in that order. `memory` is the
+    /// encoder memory reordered the same way (`(rows.len(), S, d_model)`): the cross-attention
+    /// caches will hold it from now on.
+    pub fn select_rows(&mut self, rows: &Tensor, memory: &Tensor) -> candle::Result<()> {
         for layer in &mut self.layers {
             layer.self_attn.select_rows(rows)?;
-            if let Some((k, v)) = &layer.memory_kv {
-                layer.memory_kv = Some((
-                    k.contiguous()?.index_select(rows, 0)?,
-                    v.contiguous()?.index_select(rows, 0)?,
-                ));
-            }
+            layer.cross_attn.select_rows(rows, memory)?;
         }
         Ok(())
     }
 }
 
-/// One decoder layer. Tensor names: `self_attn.*`, `multihead_attn.*`, `linear1.*`,
-/// `linear2.*`, `norm1.*`, `norm2.*`, `norm3.*`.
+/// One decoder layer, `torch.nn.TransformerDecoderLayer`. Tensor names: `self_attn.*`,
+/// `multihead_attn.*`, `linear1.*`, `linear2.*`, `norm1.*`, `norm2.*`, `norm3.*` (or the Hugging
+/// Face names, see [`super::LayerNaming`]).
 #[derive(Clone, Debug)]
 pub struct TransformerDecoderLayer {
     self_attn: MultiHeadAttention,
@@ -81,11 +81,18 @@ pub struct TransformerDecoderLayer {
 }
 
 impl TransformerDecoderLayer {
-    pub(crate) fn build(
-        cfg: &TransformerConfig,
-        vb: VarBuilder,
-        fresh: bool,
-    ) -> candle::Result<Self> {
+    /// Loads the layer under `vb` (every tensor must be there with the shapes `cfg` implies).
+    pub fn load(cfg: &TransformerConfig, vb: VarBuilder) -> candle::Result<Self> {
+        Self::build(cfg, vb, false)
+    }
+
+    /// Fresh, torch-initialised weights (trainable with a `VarMap`).
+    pub fn new(cfg: &TransformerConfig, vb: VarBuilder) -> candle::Result<Self> {
+        Self::build(cfg, vb, true)
+    }
+
+    fn build(cfg: &TransformerConfig, vb: VarBuilder, fresh: bool) -> candle::Result<Self> {
+        cfg.validate()?;
         let attn = if fresh {
             MultiHeadAttention::new
         } else {
@@ -95,28 +102,54 @@ impl TransformerDecoderLayer {
             |name: &str| LayerNorm::new(cfg.d_model, cfg.layer_norm_eps, cfg.bias, vb.pp(name));
         Ok(Self {
             self_attn: attn(cfg.attention(), vb.pp("self_attn"))?,
-            multihead_attn: attn(cfg.attention(), vb.pp("multihead_attn"))?,
+            multihead_attn: attn(cfg.attention(), vb.pp(cfg.naming.cross_attn()))?,
             feed_forward: FeedForward::new(cfg, &vb)?,
-            norm1: norm("norm1")?,
-            norm2: norm("norm2")?,
-            norm3: norm("norm3")?,
+            norm1: norm(cfg.naming.self_attn_norm())?,
+            norm2: norm(cfg.naming.cross_attn_norm())?,
+            norm3: norm(cfg.naming.feed_forward_norm(true))?,
             norm_first: cfg.norm_first,
             dropout: cfg.dropout,
         })
     }
 
-    /// `tgt` `(B, T, d_model)` attending to itself (and, with `cache`, to the cached positions
-    /// before it) and to `memory` `(B, S, d_model)` → `(B, T, d_model)`.
+    /// The masked self-attention block.
+    pub fn self_attn(&self) -> &MultiHeadAttention {
+        &self.self_attn
+    }
+
+    /// The encoder-decoder attention block.
+    pub fn cross_attn(&self) -> &MultiHeadAttention {
+        &self.multihead_attn
+    }
+
+    /// Full pass: `tgt` `(B, T, d_model)` attending to itself under `masks.tgt_mask` and to
+    /// `memory` `(B, S, d_model)` → `(B, T, d_model)`; dropout only when `train`.
     pub fn forward(
         &self,
         tgt: &Tensor,
         memory: &Tensor,
         masks: &DecoderMasks,
         train: bool,
-        cache: Option<&mut DecoderLayerCache>,
     ) -> candle::Result<Tensor> {
         Ok(self
-            .forward_inner(tgt, memory, masks, train, cache, false)?
+            .forward_inner(tgt, memory, masks, train, None, false)?
+            .0)
+    }
+
+    /// Incremental pass: the new positions `tgt` `(B, T, d_model)` after the ones in `cache`.
+    /// The causal mask comes from the cache (`masks.tgt_mask` holds only further constraints,
+    /// usually none); `masks.tgt_key_padding_mask`, if any, covers `(B, cached + T)`. The memory
+    /// must be the one the cache was filled from (an error otherwise). Returns `(B, T, d_model)`,
+    /// equal to the matching rows of a full causal pass.
+    pub fn forward_cached(
+        &self,
+        tgt: &Tensor,
+        memory: &Tensor,
+        masks: &DecoderMasks,
+        cache: &mut DecoderLayerCache,
+    ) -> candle::Result<Tensor> {
+        Ok(self
+            .forward_inner(tgt, memory, masks, false, Some(cache), false)?
             .0)
     }
 
@@ -133,18 +166,29 @@ impl TransformerDecoderLayer {
     ) -> candle::Result<(Tensor, Option<Tensor>)> {
         let mut weights = None;
         let mut self_attention = |x: &Tensor| -> candle::Result<Tensor> {
-            let q = self.self_attn.project_query(x)?;
-            let (mut k, mut v) = self.self_attn.project_key_value(x, x)?;
-            if let Some(cache) = cache.as_deref_mut() {
-                (k, v) = cache.self_attn.append(&k, &v)?;
-            }
-            let args = AttentionArgs {
-                mask: masks.tgt_mask.clone(),
-                key_padding: masks.tgt_key_padding_mask,
-                train,
-                ..Default::default()
+            let out = match cache.as_deref_mut() {
+                Some(cache) => {
+                    let args = CachedAttentionArgs {
+                        causal: true,
+                        key_padding: masks.tgt_key_padding_mask,
+                        mask: masks.tgt_mask.clone(),
+                        train,
+                        ..Default::default()
+                    };
+                    self.self_attn
+                        .attend_cached(x, &mut cache.self_attn, &args)?
+                        .output
+                }
+                None => {
+                    let args = AttentionArgs {
+                        mask: masks.tgt_mask.clone(),
+                        key_padding: masks.tgt_key_padding_mask,
+                        train,
+                        ..Default::default()
+                    };
+                    self.self_attn.attend(x, x, x, &args)?.output
+                }
             };
-            let out = self.self_attn.attend_projected(&q, &k, &v, &args)?.output;
             dropout(&out, self.dropout, train)
         };
         let x = if self.norm_first {
@@ -153,18 +197,6 @@ impl TransformerDecoderLayer {
             self.norm1.forward(&(tgt + self_attention(tgt)?)?)?
         };
         let mut cross_attention = |x: &Tensor| -> candle::Result<Tensor> {
-            let q = self.multihead_attn.project_query(x)?;
-            let (k, v) = match cache.as_deref_mut() {
-                Some(cache) => match &cache.memory_kv {
-                    Some(kv) => kv.clone(),
-                    None => {
-                        let kv = self.multihead_attn.project_key_value(memory, memory)?;
-                        cache.memory_kv = Some(kv.clone());
-                        kv
-                    }
-                },
-                None => self.multihead_attn.project_key_value(memory, memory)?,
-            };
             let args = AttentionArgs {
                 mask: masks.memory_mask.clone(),
                 key_padding: masks.memory_key_padding_mask,
@@ -172,7 +204,13 @@ impl TransformerDecoderLayer {
                 need_weights: cross_weights,
                 average_weights: false,
             };
-            let out = self.multihead_attn.attend_projected(&q, &k, &v, &args)?;
+            let out = match cache.as_deref_mut() {
+                Some(cache) => {
+                    self.multihead_attn
+                        .attend_cross(x, memory, &mut cache.cross_attn, &args)?
+                }
+                None => self.multihead_attn.attend(x, memory, memory, &args)?,
+            };
             weights = out.weights;
             dropout(&out.output, self.dropout, train)
         };
@@ -192,24 +230,57 @@ impl TransformerDecoderLayer {
     }
 }
 
-/// The decoder stack with its final LayerNorm. Tensor names: `layers.{i}.*`, `norm.*`.
+/// The decoder stack, `torch.nn.TransformerDecoder`, with an optional final LayerNorm. Tensor
+/// names: `layers.{i}.*`, `norm.*`.
 #[derive(Clone, Debug)]
 pub struct TransformerDecoder {
     layers: Vec<TransformerDecoderLayer>,
-    norm: LayerNorm,
+    norm: Option<LayerNorm>,
 }
 
 impl TransformerDecoder {
+    /// Loads `cfg.num_decoder_layers` layers under `vb`, and the final norm `norm.*` when the
+    /// weights have one.
+    pub fn load(cfg: &TransformerConfig, vb: VarBuilder) -> candle::Result<Self> {
+        let final_norm = vb.contains_tensor("norm.weight");
+        Self::build(cfg, vb, false, final_norm)
+    }
+
+    /// Fresh, torch-initialised weights, with a final norm when `final_norm`.
+    pub fn new(cfg: &TransformerConfig, vb: VarBuilder, final_norm: bool) -> candle::Result<Self> {
+        Self::build(cfg, vb, true, final_norm)
+    }
+
     pub(crate) fn build(
         cfg: &TransformerConfig,
         vb: VarBuilder,
         fresh: bool,
+        final_norm: bool,
     ) -> candle::Result<Self> {
         let layers = (0..cfg.num_decoder_layers)
             .map(|i| TransformerDecoderLayer::build(cfg, vb.pp(format!("layers.{i}")), fresh))
             .collect::<candle::Result<_>>()?;
-        let norm = LayerNorm::new(cfg.d_model, cfg.layer_norm_eps, cfg.bias, vb.pp("norm"))?;
+        let norm = final_norm
+            .then(|| LayerNorm::new(cfg.d_model, cfg.layer_norm_eps, cfg.bias, vb.pp("norm")))
+            .transpose()?;
         Ok(Self { layers, norm })
+    }
+
+    /// The layers, in order.
+    pub fn layers(&self) -> &[TransformerDecoderLayer] {
+        &self.layers
+    }
+
+    /// True when the stack ends with a LayerNorm.
+    pub fn has_final_norm(&self) -> bool {
+        self.norm.is_some()
+    }
+
+    fn final_norm(&self, x: Tensor) -> candle::Result<Tensor> {
+        match &self.norm {
+            Some(norm) => norm.forward(&x),
+            None => Ok(x),
+        }
     }
 
     /// Full pass: `tgt` `(B, T, d_model)`, `memory` `(B, S, d_model)` → `(B, T, d_model)`.
@@ -222,9 +293,9 @@ impl TransformerDecoder {
     ) -> candle::Result<Tensor> {
         let mut x = tgt.clone();
         for layer in &self.layers {
-            x = layer.forward(&x, memory, masks, train, None)?;
+            x = layer.forward(&x, memory, masks, train)?;
         }
-        self.norm.forward(&x)
+        self.final_norm(x)
     }
 
     /// The encoder-decoder attention weights of every layer, per head: one `(B, H, T, S)`
@@ -250,9 +321,10 @@ impl TransformerDecoder {
     }
 
     /// Incremental pass: the new target positions `tgt` `(B, T, d_model)` after the `cache.len()`
-    /// cached ones. `masks.tgt_mask` must cover `(T, cache.len() + T)`; use
-    /// `Mask::causal_with_offset(cache.len())` for ordinary decoding. Appends to `cache` and
-    /// returns `(B, T, d_model)`, equal to the matching rows of a full pass.
+    /// cached ones. The causal mask is applied from the cache (`masks.tgt_mask` holds only
+    /// further constraints over `(T, cache.len() + T)`, usually none);
+    /// `masks.tgt_key_padding_mask`, if any, covers `(B, cache.len() + T)`. Appends to `cache`
+    /// and returns `(B, T, d_model)`, equal to the matching rows of a full causal pass.
     pub fn forward_cached(
         &self,
         tgt: &Tensor,
@@ -272,8 +344,8 @@ impl TransformerDecoder {
         }
         let mut x = tgt.clone();
         for (layer, layer_cache) in self.layers.iter().zip(cache.layers.iter_mut()) {
-            x = layer.forward(&x, memory, masks, false, Some(layer_cache))?;
+            x = layer.forward_cached(&x, memory, masks, layer_cache)?;
         }
-        self.norm.forward(&x)
+        self.final_norm(x)
     }
 }

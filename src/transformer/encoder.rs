@@ -6,7 +6,7 @@ use super::feed_forward::{dropout, FeedForward};
 use super::norm::LayerNorm;
 use crate::mask::Mask;
 use crate::mha::{AttentionArgs, MultiHeadAttention};
-use candle::{Module, Tensor};
+use candle::{Module, ModuleT, Tensor};
 use candle_nn::VarBuilder;
 
 /// Masks of an encoder pass.
@@ -18,8 +18,25 @@ pub struct EncoderMasks<'a> {
     pub src_key_padding_mask: Option<&'a Tensor>,
 }
 
-/// One encoder layer. Tensor names (under its prefix): `self_attn.*`, `linear1.*`, `linear2.*`,
-/// `norm1.*`, `norm2.*`.
+/// One encoder layer, `torch.nn.TransformerEncoderLayer`. Tensor names (under its prefix):
+/// `self_attn.*`, `linear1.*`, `linear2.*`, `norm1.*`, `norm2.*` (or the Hugging Face names,
+/// see [`super::LayerNaming`]).
+///
+/// ```
+/// use candle::{DType, Device, ModuleT, Tensor};
+/// use candle_attention::transformer::{EncoderMasks, TransformerConfig, TransformerEncoderLayer};
+/// use candle_nn::{VarBuilder, VarMap};
+/// # fn main() -> candle::Result<()> {
+/// let varmap = VarMap::new();
+/// let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+/// let layer = TransformerEncoderLayer::new(&TransformerConfig::new(32, 4), vb.pp("layer"))?;
+/// let x = Tensor::randn(0f32, 1., (2, 7, 32), &Device::Cpu)?;
+/// let y = layer.forward(&x, &EncoderMasks::default(), false)?; // eval, no mask
+/// assert_eq!(y.dims(), &[2, 7, 32]);
+/// let y_train = layer.forward_t(&x, true)?; // ModuleT: dropout in training mode
+/// # let _ = y_train;
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct TransformerEncoderLayer {
     self_attn: MultiHeadAttention,
@@ -31,28 +48,41 @@ pub struct TransformerEncoderLayer {
 }
 
 impl TransformerEncoderLayer {
-    /// Loads the layer under `vb` (`fresh`: create torch-initialised weights instead).
-    pub(crate) fn build(
-        cfg: &TransformerConfig,
-        vb: VarBuilder,
-        fresh: bool,
-    ) -> candle::Result<Self> {
+    /// Loads the layer under `vb` (every tensor must be there with the shapes `cfg` implies).
+    pub fn load(cfg: &TransformerConfig, vb: VarBuilder) -> candle::Result<Self> {
+        Self::build(cfg, vb, false)
+    }
+
+    /// Fresh, torch-initialised weights (trainable with a `VarMap`).
+    pub fn new(cfg: &TransformerConfig, vb: VarBuilder) -> candle::Result<Self> {
+        Self::build(cfg, vb, true)
+    }
+
+    fn build(cfg: &TransformerConfig, vb: VarBuilder, fresh: bool) -> candle::Result<Self> {
+        cfg.validate()?;
         let attn = if fresh {
             MultiHeadAttention::new
         } else {
             MultiHeadAttention::load
         };
+        let norm =
+            |name: &str| LayerNorm::new(cfg.d_model, cfg.layer_norm_eps, cfg.bias, vb.pp(name));
         Ok(Self {
             self_attn: attn(cfg.attention(), vb.pp("self_attn"))?,
             feed_forward: FeedForward::new(cfg, &vb)?,
-            norm1: LayerNorm::new(cfg.d_model, cfg.layer_norm_eps, cfg.bias, vb.pp("norm1"))?,
-            norm2: LayerNorm::new(cfg.d_model, cfg.layer_norm_eps, cfg.bias, vb.pp("norm2"))?,
+            norm1: norm(cfg.naming.self_attn_norm())?,
+            norm2: norm(cfg.naming.feed_forward_norm(false))?,
             norm_first: cfg.norm_first,
             dropout: cfg.dropout,
         })
     }
 
-    /// `src` `(B, S, d_model)` → `(B, S, d_model)`.
+    /// The self-attention block.
+    pub fn self_attn(&self) -> &MultiHeadAttention {
+        &self.self_attn
+    }
+
+    /// `src` `(B, S, d_model)` → `(B, S, d_model)`; dropout only when `train`.
     pub fn forward(
         &self,
         src: &Tensor,
@@ -84,24 +114,58 @@ impl TransformerEncoderLayer {
     }
 }
 
-/// The encoder stack with its final LayerNorm. Tensor names: `layers.{i}.*`, `norm.*`.
+/// Unmasked pass `(B, S, d_model)` → `(B, S, d_model)`; dropout only when `train`.
+impl ModuleT for TransformerEncoderLayer {
+    fn forward_t(&self, xs: &Tensor, train: bool) -> candle::Result<Tensor> {
+        self.forward(xs, &EncoderMasks::default(), train)
+    }
+}
+
+/// The encoder stack, `torch.nn.TransformerEncoder`, with an optional final LayerNorm (torch's
+/// standalone encoder has none by default; `nn.Transformer`'s always has one). Tensor names:
+/// `layers.{i}.*`, `norm.*`.
 #[derive(Clone, Debug)]
 pub struct TransformerEncoder {
     layers: Vec<TransformerEncoderLayer>,
-    norm: LayerNorm,
+    norm: Option<LayerNorm>,
 }
 
 impl TransformerEncoder {
+    /// Loads `cfg.num_encoder_layers` layers under `vb`, and the final norm `norm.*` when the
+    /// weights have one.
+    pub fn load(cfg: &TransformerConfig, vb: VarBuilder) -> candle::Result<Self> {
+        let final_norm = vb.contains_tensor("norm.weight");
+        Self::build(cfg, vb, false, final_norm)
+    }
+
+    /// Fresh, torch-initialised weights, with a final norm when `final_norm`.
+    pub fn new(cfg: &TransformerConfig, vb: VarBuilder, final_norm: bool) -> candle::Result<Self> {
+        Self::build(cfg, vb, true, final_norm)
+    }
+
     pub(crate) fn build(
         cfg: &TransformerConfig,
         vb: VarBuilder,
         fresh: bool,
+        final_norm: bool,
     ) -> candle::Result<Self> {
         let layers = (0..cfg.num_encoder_layers)
             .map(|i| TransformerEncoderLayer::build(cfg, vb.pp(format!("layers.{i}")), fresh))
             .collect::<candle::Result<_>>()?;
-        let norm = LayerNorm::new(cfg.d_model, cfg.layer_norm_eps, cfg.bias, vb.pp("norm"))?;
+        let norm = final_norm
+            .then(|| LayerNorm::new(cfg.d_model, cfg.layer_norm_eps, cfg.bias, vb.pp("norm")))
+            .transpose()?;
         Ok(Self { layers, norm })
+    }
+
+    /// The layers, in order.
+    pub fn layers(&self) -> &[TransformerEncoderLayer] {
+        &self.layers
+    }
+
+    /// True when the stack ends with a LayerNorm.
+    pub fn has_final_norm(&self) -> bool {
+        self.norm.is_some()
     }
 
     /// `src` `(B, S, d_model)` → the memory `(B, S, d_model)`.
@@ -115,6 +179,16 @@ impl TransformerEncoder {
         for layer in &self.layers {
             x = layer.forward(&x, masks, train)?;
         }
-        self.norm.forward(&x)
+        match &self.norm {
+            Some(norm) => norm.forward(&x),
+            None => Ok(x),
+        }
+    }
+}
+
+/// Unmasked pass `(B, S, d_model)` → `(B, S, d_model)`; dropout only when `train`.
+impl ModuleT for TransformerEncoder {
+    fn forward_t(&self, xs: &Tensor, train: bool) -> candle::Result<Tensor> {
+        self.forward(xs, &EncoderMasks::default(), train)
     }
 }

@@ -7,7 +7,8 @@ use candle_nn::VarBuilder;
 
 /// Two linear layers around an activation. Tensor names: `linear1.{weight,bias}`
 /// `(dim_feedforward, d_model)`, `linear2.{weight,bias}` `(d_model, dim_feedforward)`, which is
-/// how torch's Transformer layers name them (directly under the layer's prefix).
+/// how torch's Transformer layers name them (directly under the layer's prefix); `fc1`, `fc2`
+/// with [`crate::transformer::LayerNaming::HuggingFace`].
 #[derive(Clone, Debug)]
 pub struct FeedForward {
     linear1: Projection,
@@ -28,9 +29,10 @@ impl FeedForward {
             };
             Projection::new(lin.weight(), lin.bias().cloned())
         };
+        let (name1, name2) = cfg.naming.linears();
         Ok(Self {
-            linear1: linear(cfg.d_model, cfg.dim_feedforward, "linear1")?,
-            linear2: linear(cfg.dim_feedforward, cfg.d_model, "linear2")?,
+            linear1: linear(cfg.d_model, cfg.dim_feedforward, name1)?,
+            linear2: linear(cfg.dim_feedforward, cfg.d_model, name2)?,
             activation: cfg.activation,
             dropout: cfg.dropout,
         })

@@ -13,8 +13,10 @@ pub mod model;
 pub mod norm;
 pub mod seq2seq;
 
-pub use config::{Activation, TransformerConfig};
-pub use decoder::{DecoderCache, DecoderMasks, TransformerDecoder, TransformerDecoderLayer};
+pub use config::{Activation, LayerNaming, TransformerConfig};
+pub use decoder::{
+    DecoderCache, DecoderLayerCache, DecoderMasks, TransformerDecoder, TransformerDecoderLayer,
+};
 pub use embedding::{sinusoidal_positions, TokenEmbedding};
 pub use encoder::{EncoderMasks, TransformerEncoder, TransformerEncoderLayer};
 pub use model::{Transformer, TransformerMasks};

@@ -69,8 +69,9 @@ impl Transformer {
     fn build(cfg: TransformerConfig, vb: VarBuilder, fresh: bool) -> candle::Result<Self> {
         cfg.validate()?;
         Ok(Self {
-            encoder: TransformerEncoder::build(&cfg, vb.pp("encoder"), fresh)?,
-            decoder: TransformerDecoder::build(&cfg, vb.pp("decoder"), fresh)?,
+            // nn.Transformer always has both final norms.
+            encoder: TransformerEncoder::build(&cfg, vb.pp("encoder"), fresh, true)?,
+            decoder: TransformerDecoder::build(&cfg, vb.pp("decoder"), fresh, true)?,
             cfg,
         })
     }

@@ -126,7 +126,7 @@ impl DecodeState {
             .as_ref()
             .map(|t| t.index_select(rows, 0))
             .transpose()?;
-        self.cache.select_rows(rows)
+        self.cache.select_rows(rows, &self.memory)
     }
 }
 
@@ -324,7 +324,8 @@ impl Seq2Seq {
         };
         let x = self.embed(&self.tgt_embed, tgt, past, false)?;
         let masks = DecoderMasks {
-            tgt_mask: Mask::causal_with_offset(past),
+            // The cached pass applies the causal mask itself, offset by the cache length.
+            tgt_mask: Mask::none(),
             memory_mask: Mask::none(),
             tgt_key_padding_mask: Some(&tgt_padding),
             memory_key_padding_mask: Some(&state.src_padding),

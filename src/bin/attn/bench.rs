@@ -8,7 +8,7 @@
 
 use crate::DTypeArg;
 use anyhow::{bail, Result};
-use candle::{DType, Device, Module, Tensor};
+use candle::{DType, Device, Tensor};
 use candle_attention::sdpa::{decode, naive, tiled};
 use candle_attention::{
     scaled_dot_product_attention, AttentionShape, Mask, MultiHeadAttention,

@@ -1,0 +1,11 @@
+//! Hugging Face MarianMT (Helsinki-NLP `opus-mt-*`) on this crate's layers: the config, the
+//! weights of a hub directory (`model.safetensors` or `pytorch_model.bin`) mapped onto our
+//! encoder, decoder and attention, and step-by-step decoding through our KV caches.
+
+pub mod config;
+pub mod model;
+pub mod weights;
+
+pub use config::{MarianConfig, TokenIds};
+pub use model::{marian_positions, MarianDecodeState, MarianMTModel};
+pub use weights::MarianWeights;

@@ -1,0 +1,525 @@
+//! `MarianMTModel` on this crate's layers: our [`TransformerEncoder`] and [`TransformerDecoder`]
+//! (post-norm, Hugging Face names), our [`MultiHeadAttention`](crate::MultiHeadAttention) and KV
+//! caches, Marian's embeddings and sinusoidal positions, and the tied output projection with
+//! `final_logits_bias`.
+//!
+//! The numbers follow transformers' `modeling_marian.py`: token embeddings times
+//! `sqrt(d_model)` when `scale_embedding`, plus positions (sin in the first half of the features,
+//! cos in the second, computed in f64 and rounded to f32), six post-norm layers each side, no
+//! final norm, `logits = h · Eᵀ + final_logits_bias`.
+
+use super::config::MarianConfig;
+use super::weights::{list_dir, MarianWeights};
+use crate::decode::StepDecoder;
+use crate::mask::Mask;
+use crate::projection::Projection;
+use crate::transformer::{
+    DecoderCache, DecoderMasks, EncoderMasks, TransformerDecoder, TransformerEncoder,
+};
+use candle::{DType, Device, Module, Tensor, D};
+use std::path::Path;
+
+/// Marian's positional table, `(num_positions, dim)`: for feature `j`, the angle is
+/// `pos / 10000^(2·(j / 2) / dim)`; the first `dim / 2` features hold `sin` of the even-`j`
+/// angles and the rest `cos` of the odd-`j` ones (not interleaved). Computed in f64, as numpy
+/// does in transformers, then converted to `dtype`.
+pub fn marian_positions(
+    num_positions: usize,
+    dim: usize,
+    dtype: DType,
+    device: &Device,
+) -> candle::Result<Tensor> {
+    let half = dim.div_ceil(2);
+    let mut values = vec![0f32; num_positions * dim];
+    for pos in 0..num_positions {
+        let row = &mut values[pos * dim..(pos + 1) * dim];
+        for j in 0..dim {
+            let angle = pos as f64 / 10000f64.powf((2 * (j / 2)) as f64 / dim as f64);
+            if j % 2 == 0 {
+                row[j / 2] = angle.sin() as f32;
+            } else {
+                row[half + j / 2] = angle.cos() as f32;
+            }
+        }
+    }
+    Tensor::from_vec(values, (num_positions, dim), device)?.to_dtype(dtype)
+}
+
+/// A Hugging Face `MarianMTModel` (opus-mt) for inference.
+///
+/// ```no_run
+/// use candle::{Device, Tensor};
+/// use candle_attention::marian::MarianMTModel;
+/// # fn main() -> candle::Result<()> {
+/// let model = MarianMTModel::from_dir("opus-mt-en-de", &Device::Cpu)?;
+/// let input_ids = Tensor::new(&[[42u32, 7, 0]], &Device::Cpu)?; // ends with </s> (id 0)
+/// let attention_mask = Tensor::new(&[[1u32, 1, 1]], &Device::Cpu)?;
+/// let memory = model.encode(&input_ids, &attention_mask)?; // (1, 3, d_model)
+/// # let _ = memory;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct MarianMTModel {
+    cfg: MarianConfig,
+    /// `(vocab_size, d_model)`.
+    encoder_embed: Tensor,
+    /// `(target_vocab, d_model)`; the same tensor as `encoder_embed` when shared.
+    decoder_embed: Tensor,
+    embed_scale: f64,
+    /// `(max_position_embeddings, d_model)`.
+    positions: Tensor,
+    encoder: TransformerEncoder,
+    decoder: TransformerDecoder,
+    /// `h · Eᵀ + final_logits_bias`, `(target_vocab)` outputs.
+    lm_head: Projection,
+}
+
+/// What a state dict of `MarianMTModel` calls things: `model.` prefixed (MarianMTModel) or not
+/// (a bare MarianModel).
+fn model_prefix(contains: impl Fn(&str) -> bool) -> &'static str {
+    if contains("model.encoder.layers.0.self_attn.q_proj.weight") || contains("model.shared.weight")
+    {
+        "model."
+    } else {
+        ""
+    }
+}
+
+impl MarianMTModel {
+    /// Loads a MarianMT directory as the Hugging Face hub has it: `config.json` and the weights
+    /// in `model.safetensors` or `pytorch_model.bin` (f32, f16 or bf16; computed in f32).
+    pub fn from_dir(dir: impl AsRef<Path>, device: &Device) -> candle::Result<Self> {
+        let dir = dir.as_ref();
+        if !dir.is_dir() {
+            candle::bail!(
+                "{} is not a directory (a MarianMT model directory is expected)",
+                dir.display()
+            )
+        }
+        let config = dir.join("config.json");
+        if !config.is_file() {
+            candle::bail!(
+                "{} is not a MarianMT model directory: config.json is missing; it holds {}",
+                dir.display(),
+                list_dir(dir)
+            )
+        }
+        let cfg = MarianConfig::load(&config)?;
+        let weights = MarianWeights::open_dir(dir)?;
+        Self::load(cfg, &weights, DType::F32, device)
+    }
+
+    /// Builds the model from a config and a state dict, computing in `dtype` on `device`.
+    /// Checks the vocabulary sizes against the embedding tables (an error names both).
+    pub fn load(
+        cfg: MarianConfig,
+        weights: &MarianWeights,
+        dtype: DType,
+        device: &Device,
+    ) -> candle::Result<Self> {
+        cfg.validate()?;
+        let prefix = model_prefix(|n| weights.contains(n));
+        let name = |n: &str| format!("{prefix}{n}");
+        let vb = weights.var_builder(dtype, device);
+        let d = cfg.d_model;
+        let first_present = |candidates: &[String]| -> candle::Result<String> {
+            candidates
+                .iter()
+                .find(|n| weights.contains(n))
+                .cloned()
+                .ok_or_else(|| weights.not_found(&candidates[0]))
+        };
+        let check_vocab = |tensor: &str, expected: usize, what: &str| -> candle::Result<()> {
+            match weights.shape_of(tensor) {
+                Some(shape) if shape == [expected, d] => Ok(()),
+                Some(shape) => candle::bail!(
+                    "'{tensor}' has shape {shape:?} but config.json says {what} = {expected} and \
+                     d_model = {d}: the config does not belong to these weights"
+                ),
+                None => Err(weights.not_found(tensor)),
+            }
+        };
+        let (encoder_embed, decoder_embed) = if cfg.share_encoder_decoder_embeddings {
+            let shared = first_present(&[
+                name("shared.weight"),
+                name("encoder.embed_tokens.weight"),
+                name("decoder.embed_tokens.weight"),
+            ])?;
+            check_vocab(&shared, cfg.vocab_size, "vocab_size")?;
+            let t = vb.get((cfg.vocab_size, d), &shared)?;
+            (t.clone(), t)
+        } else {
+            let enc = name("encoder.embed_tokens.weight");
+            let dec = name("decoder.embed_tokens.weight");
+            check_vocab(&enc, cfg.vocab_size, "vocab_size")?;
+            check_vocab(&dec, cfg.target_vocab_size(), "decoder_vocab_size")?;
+            (
+                vb.get((cfg.vocab_size, d), &enc)?,
+                vb.get((cfg.target_vocab_size(), d), &dec)?,
+            )
+        };
+        let vocab = cfg.target_vocab_size();
+        let lm_weight = if cfg.tie_word_embeddings {
+            decoder_embed.clone()
+        } else {
+            check_vocab("lm_head.weight", vocab, "the target vocabulary size")?;
+            vb.get((vocab, d), "lm_head.weight")?
+        };
+        // transformers treats a missing bias as zeros (it is a buffer, not a parameter).
+        let bias = if weights.contains("final_logits_bias") {
+            let b = vb.get_unchecked("final_logits_bias")?;
+            if b.elem_count() != vocab {
+                candle::bail!(
+                    "final_logits_bias has shape {:?}, expected (1, {vocab}) for the target vocabulary",
+                    b.dims()
+                )
+            }
+            b.flatten_all()?
+        } else {
+            Tensor::zeros(vocab, dtype, device)?
+        };
+        let lm_head = Projection::new(&lm_weight, Some(bias))?;
+        let encoder = TransformerEncoder::load(&cfg.encoder_config()?, vb.pp(name("encoder")))?;
+        let decoder = TransformerDecoder::load(&cfg.decoder_config()?, vb.pp(name("decoder")))?;
+        if encoder.has_final_norm() || decoder.has_final_norm() {
+            candle::bail!(
+                "the weights have a final encoder/decoder norm ('{}'): that is mBART, not MarianMT",
+                name("encoder.norm.weight")
+            )
+        }
+        let positions = marian_positions(cfg.max_position_embeddings, d, dtype, device)?;
+        Ok(Self {
+            embed_scale: if cfg.scale_embedding {
+                (d as f64).sqrt()
+            } else {
+                1.0
+            },
+            cfg,
+            encoder_embed,
+            decoder_embed,
+            positions,
+            encoder,
+            decoder,
+            lm_head,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &MarianConfig {
+        &self.cfg
+    }
+
+    /// The dtype the model computes in.
+    pub fn dtype(&self) -> DType {
+        self.encoder_embed.dtype()
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        self.encoder_embed.device()
+    }
+
+    /// The encoder stack.
+    pub fn encoder(&self) -> &TransformerEncoder {
+        &self.encoder
+    }
+
+    /// The decoder stack.
+    pub fn decoder(&self) -> &TransformerDecoder {
+        &self.decoder
+    }
+
+    /// `ids` `(B, T)` (any integer dtype) as `U32`, checked against `vocab` and the position
+    /// table.
+    fn checked_ids(
+        &self,
+        what: &str,
+        ids: &Tensor,
+        vocab: usize,
+        start: usize,
+    ) -> candle::Result<Tensor> {
+        let (_, len) = ids.dims2().map_err(|_| {
+            candle::Error::Msg(format!(
+                "{what} must be (batch, seq), got shape {:?}",
+                ids.dims()
+            ))
+        })?;
+        if ids.dtype().is_float() {
+            candle::bail!(
+                "{what} must be integer token ids, got dtype {:?}",
+                ids.dtype()
+            )
+        }
+        let max_len = self.cfg.max_position_embeddings;
+        if start + len > max_len {
+            candle::bail!(
+                "{what} reach position {} but the model allows at most max_position_embeddings = {max_len}",
+                start + len
+            )
+        }
+        if ids.elem_count() > 0 {
+            let as_i64 = ids.to_dtype(DType::I64)?.flatten_all()?;
+            let (lo, hi) = (
+                as_i64.min(0)?.to_scalar::<i64>()?,
+                as_i64.max(0)?.to_scalar::<i64>()?,
+            );
+            if lo < 0 || hi >= vocab as i64 {
+                let bad = if lo < 0 { lo } else { hi };
+                candle::bail!("{what} hold id {bad}, outside the vocabulary of {vocab} tokens")
+            }
+        }
+        ids.to_dtype(DType::U32)
+    }
+
+    /// Embeds `ids` (checked `U32`, `(B, T)`) at positions `start..start + T`.
+    fn embed(&self, table: &Tensor, ids: &Tensor, start: usize) -> candle::Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        let x = table
+            .index_select(&ids.flatten_all()?, 0)?
+            .reshape((b, t, self.cfg.d_model))?;
+        let x = if self.embed_scale != 1.0 {
+            (x * self.embed_scale)?
+        } else {
+            x
+        };
+        x.broadcast_add(&self.positions.narrow(0, start, t)?)
+    }
+
+    /// The key padding `(B, S)` `U8` (1 = padding) of a Hugging Face `attention_mask`
+    /// (1 = token), checked against `input_ids`.
+    fn source_padding(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+    ) -> candle::Result<Tensor> {
+        if attention_mask.dims() != input_ids.dims() {
+            candle::bail!(
+                "attention_mask {:?} must have the shape of input_ids {:?}",
+                attention_mask.dims(),
+                input_ids.dims()
+            )
+        }
+        if attention_mask.dtype().is_float() {
+            candle::bail!(
+                "attention_mask must be integers (1 = token, 0 = padding), got dtype {:?}",
+                attention_mask.dtype()
+            )
+        }
+        attention_mask.to_device(self.device())?.eq(0f64)
+    }
+
+    /// The encoder: `input_ids` `(B, S)` and `attention_mask` `(B, S)` (1 = token, 0 =
+    /// padding) → `encoder_last_hidden_state` `(B, S, d_model)`.
+    pub fn encode(&self, input_ids: &Tensor, attention_mask: &Tensor) -> candle::Result<Tensor> {
+        let padding = self.source_padding(input_ids, attention_mask)?;
+        self.encode_with_padding(input_ids, &padding)
+    }
+
+    fn encode_with_padding(&self, input_ids: &Tensor, padding: &Tensor) -> candle::Result<Tensor> {
+        let ids = self.checked_ids(
+            "input_ids",
+            &input_ids.to_device(self.device())?,
+            self.cfg.vocab_size,
+            0,
+        )?;
+        let x = self.embed(&self.encoder_embed, &ids, 0)?;
+        let masks = EncoderMasks {
+            src_mask: Mask::none(),
+            src_key_padding_mask: Some(padding),
+        };
+        self.encoder.forward(&x, &masks, false)
+    }
+
+    /// A full decoder pass: `decoder_input_ids` `(B, T)` over `memory` `(B, S, d_model)` with
+    /// the source `attention_mask` `(B, S)` → `logits` `(B, T, target_vocab)`. Causal, every
+    /// target position visible (transformers' default `decoder_attention_mask`).
+    pub fn decode(
+        &self,
+        decoder_input_ids: &Tensor,
+        memory: &Tensor,
+        attention_mask: &Tensor,
+    ) -> candle::Result<Tensor> {
+        let ids = self.checked_ids(
+            "decoder_input_ids",
+            &decoder_input_ids.to_device(self.device())?,
+            self.cfg.target_vocab_size(),
+            0,
+        )?;
+        if ids.dim(0)? != memory.dim(0)? {
+            candle::bail!(
+                "decoder_input_ids {:?} and the encoder output {:?} have different batch sizes",
+                ids.dims(),
+                memory.dims()
+            )
+        }
+        let padding = attention_mask.to_device(self.device())?.eq(0f64)?;
+        let x = self.embed(&self.decoder_embed, &ids, 0)?;
+        let masks = DecoderMasks {
+            tgt_mask: Mask::causal(),
+            memory_mask: Mask::none(),
+            tgt_key_padding_mask: None,
+            memory_key_padding_mask: Some(&padding),
+        };
+        let h = self.decoder.forward(&x, memory, &masks, false)?;
+        self.lm_head.forward(&h)
+    }
+
+    /// `model(input_ids, attention_mask, decoder_input_ids)`: `(logits (B, T, V),
+    /// encoder_last_hidden_state (B, S, d_model))`.
+    pub fn forward(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        decoder_input_ids: &Tensor,
+    ) -> candle::Result<(Tensor, Tensor)> {
+        let memory = self.encode(input_ids, attention_mask)?;
+        let logits = self.decode(decoder_input_ids, &memory, attention_mask)?;
+        Ok((logits, memory))
+    }
+
+    /// The encoder-decoder attention weights of every decoder layer, per head, `(B, H, T, S)`
+    /// each, for `decoder_input_ids` `(B, T)` (a full pass; what attention heatmaps draw).
+    pub fn cross_attention_weights(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        decoder_input_ids: &Tensor,
+    ) -> candle::Result<Vec<Tensor>> {
+        let memory = self.encode(input_ids, attention_mask)?;
+        let ids = self.checked_ids(
+            "decoder_input_ids",
+            &decoder_input_ids.to_device(self.device())?,
+            self.cfg.target_vocab_size(),
+            0,
+        )?;
+        let padding = attention_mask.to_device(self.device())?.eq(0f64)?;
+        let x = self.embed(&self.decoder_embed, &ids, 0)?;
+        let masks = DecoderMasks {
+            tgt_mask: Mask::causal(),
+            memory_mask: Mask::none(),
+            tgt_key_padding_mask: None,
+            memory_key_padding_mask: Some(&padding),
+        };
+        self.decoder.cross_attention_weights(&x, &memory, &masks)
+    }
+
+    /// Runs the encoder and returns the state for step-by-step decoding (one row per source
+    /// sentence; see [`StepDecoder`]).
+    pub fn start(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+    ) -> candle::Result<MarianDecodeState> {
+        let padding = self.source_padding(input_ids, attention_mask)?;
+        let memory = self.encode_with_padding(input_ids, &padding)?;
+        Ok(MarianDecodeState {
+            memory,
+            src_padding: padding,
+            cache: DecoderCache::default(),
+        })
+    }
+
+    /// Feeds the next target ids `(rows, T)` and returns their logits `(rows, T, V)`, equal to
+    /// the matching rows of [`MarianMTModel::decode`] on the whole prefix.
+    pub fn step_logits(
+        &self,
+        state: &mut MarianDecodeState,
+        ids: &Tensor,
+    ) -> candle::Result<Tensor> {
+        let past = state.cache.len();
+        let ids = self.checked_ids("decoder ids", ids, self.cfg.target_vocab_size(), past)?;
+        if ids.dim(0)? != state.rows() {
+            candle::bail!(
+                "step got {} rows of ids but the decode state has {}",
+                ids.dim(0)?,
+                state.rows()
+            )
+        }
+        let x = self.embed(&self.decoder_embed, &ids, past)?;
+        let masks = DecoderMasks {
+            tgt_mask: Mask::none(),
+            memory_mask: Mask::none(),
+            tgt_key_padding_mask: None,
+            memory_key_padding_mask: Some(&state.src_padding),
+        };
+        let h = self
+            .decoder
+            .forward_cached(&x, &state.memory, &masks, &mut state.cache)?;
+        self.lm_head.forward(&h)
+    }
+}
+
+/// The encoder output and decoder caches of sentences being decoded, one row per hypothesis.
+/// Clones are independent.
+#[derive(Clone, Debug)]
+pub struct MarianDecodeState {
+    /// `(rows, S, d_model)`.
+    memory: Tensor,
+    /// `(rows, S)` `U8`, 1 = source padding.
+    src_padding: Tensor,
+    cache: DecoderCache,
+}
+
+impl MarianDecodeState {
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.memory.dim(0).unwrap_or(0)
+    }
+
+    /// Target tokens fed so far.
+    pub fn len(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// True before the first step.
+    pub fn is_empty(&self) -> bool {
+        self.cache.is_empty()
+    }
+
+    /// The encoder output `(rows, S, d_model)`.
+    pub fn memory(&self) -> &Tensor {
+        &self.memory
+    }
+
+    /// Keeps rows `rows` (`U32`, may repeat), in that order.
+    pub fn select_rows(&mut self, rows: &Tensor) -> candle::Result<()> {
+        self.memory = self.memory.index_select(rows, 0)?;
+        self.src_padding = self.src_padding.index_select(rows, 0)?;
+        self.cache.select_rows(rows, &self.memory)
+    }
+}
+
+/// One token per row in, `(rows, V)` next-token log-probabilities (`f32`) out.
+impl StepDecoder for MarianMTModel {
+    type State = MarianDecodeState;
+
+    fn step(&self, state: &mut MarianDecodeState, tokens: &[u32]) -> candle::Result<Tensor> {
+        let ids = Tensor::from_slice(tokens, (tokens.len(), 1), self.device())?;
+        let logits = self.step_logits(state, &ids)?.squeeze(1)?;
+        candle_nn::ops::log_softmax(&logits.to_dtype(DType::F32)?, D::Minus1)
+    }
+
+    fn reorder(&self, state: &mut MarianDecodeState, rows: &[u32]) -> candle::Result<()> {
+        let rows = Tensor::from_slice(rows, rows.len(), self.device())?;
+        state.select_rows(&rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_put_sin_first_and_cos_second() {
+        let pe = marian_positions(3, 4, DType::F32, &Device::Cpu).unwrap();
+        let pe: Vec<Vec<f32>> = pe.to_vec2().unwrap();
+        // pos 2: angles 2/10000^0 (j = 0, 1) and 2/10000^0.5 (j = 2, 3).
+        let a0 = 2f64;
+        let a1 = 2f64 / 100.0;
+        let want = [a0.sin(), a1.sin(), a0.cos(), a1.cos()];
+        for (got, want) in pe[2].iter().zip(want) {
+            assert!((*got as f64 - want).abs() < 1e-7, "{got} vs {want}");
+        }
+        assert_eq!(pe[0], vec![0.0, 0.0, 1.0, 1.0]);
+    }
+}

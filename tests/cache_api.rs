@@ -1,0 +1,278 @@
+//! The typed cache API, mask polarity constructors and `ModuleT`, through the public API only.
+
+use candle::{DType, Device, ModuleT, Tensor};
+use candle_attention::transformer::{
+    DecoderCache, DecoderMasks, EncoderMasks, TransformerConfig, TransformerDecoder,
+    TransformerEncoder, TransformerEncoderLayer,
+};
+use candle_attention::{
+    scaled_dot_product_attention, AttentionArgs, CachedAttentionArgs, CrossAttentionCache, KvCache,
+    Mask, MultiHeadAttention, MultiHeadAttentionConfig, SdpaArgs,
+};
+use candle_nn::{VarBuilder, VarMap};
+use proptest::prelude::*;
+
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    assert_eq!(a.dims(), b.dims());
+    let a: Vec<f32> = a.flatten_all().unwrap().to_vec1().unwrap();
+    let b: Vec<f32> = b.flatten_all().unwrap().to_vec1().unwrap();
+    // A NaN anywhere makes the result NaN, which fails every `<=` check.
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, |m, d| {
+            if d.is_nan() || m.is_nan() {
+                f32::NAN
+            } else {
+                m.max(d)
+            }
+        })
+}
+
+fn mha(embed: usize, heads: usize, seed_vars: &VarMap) -> MultiHeadAttention {
+    let vb = VarBuilder::from_varmap(seed_vars, DType::F32, &Device::Cpu);
+    MultiHeadAttention::new(MultiHeadAttentionConfig::new(embed, heads), vb.pp("attn")).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, .. ProptestConfig::default() })]
+
+    /// Feeding a sequence in chunks through `attend_cached` gives the rows of one causal pass,
+    /// with and without key padding.
+    #[test]
+    fn cached_self_attention_equals_the_full_causal_pass(
+        batch in 1usize..3,
+        len in 1usize..12,
+        chunk in 1usize..4,
+        heads in prop::sample::select(vec![1usize, 2, 4]),
+        pad_last in 0usize..3,
+    ) {
+        let dev = Device::Cpu;
+        let varmap = VarMap::new();
+        let attn = mha(16, heads, &varmap);
+        let x = Tensor::randn(0f32, 1., (batch, len, 16), &dev).unwrap();
+        // The last `pad_last` positions of row 0 are padding (never the first one).
+        let pad_last = pad_last.min(len - 1);
+        let mut pad = vec![0u8; batch * len];
+        for p in pad.iter_mut().take(len).skip(len - pad_last) {
+            *p = 1;
+        }
+        let pad = Tensor::from_vec(pad, (batch, len), &dev).unwrap();
+        let full = attn
+            .attend(&x, &x, &x, &AttentionArgs {
+                mask: Mask::causal(),
+                key_padding: Some(&pad),
+                ..Default::default()
+            })
+            .unwrap()
+            .output;
+        let mut cache = KvCache::new();
+        let mut start = 0;
+        while start < len {
+            let t = chunk.min(len - start);
+            let seen = pad.narrow(1, 0, start + t).unwrap();
+            let step = attn
+                .attend_cached(&x.narrow(1, start, t).unwrap(), &mut cache, &CachedAttentionArgs {
+                    key_padding: Some(&seen),
+                    ..Default::default()
+                })
+                .unwrap()
+                .output;
+            let want = full.narrow(1, start, t).unwrap();
+            prop_assert!(max_abs_diff(&step, &want) <= 1e-5);
+            start += t;
+        }
+        prop_assert_eq!(cache.len(), len);
+    }
+
+    /// Cross-attention through a `CrossAttentionCache` equals the uncached call, step after step.
+    #[test]
+    fn cached_cross_attention_equals_the_uncached_call(
+        batch in 1usize..3,
+        src in 1usize..9,
+        steps in 1usize..5,
+    ) {
+        let dev = Device::Cpu;
+        let varmap = VarMap::new();
+        let attn = mha(16, 4, &varmap);
+        let memory = Tensor::randn(0f32, 1., (batch, src, 16), &dev).unwrap();
+        let mut cache = CrossAttentionCache::new();
+        for _ in 0..steps {
+            let x = Tensor::randn(0f32, 1., (batch, 1, 16), &dev).unwrap();
+            let cached = attn
+                .attend_cross(&x, &memory, &mut cache, &AttentionArgs::default())
+                .unwrap()
+                .output;
+            let plain = attn.attend(&x, &memory, &memory, &AttentionArgs::default()).unwrap().output;
+            prop_assert!(max_abs_diff(&cached, &plain) <= 1e-5);
+        }
+    }
+}
+
+#[test]
+fn a_cross_attention_cache_refuses_another_memory() {
+    let dev = Device::Cpu;
+    let varmap = VarMap::new();
+    let attn = mha(8, 2, &varmap);
+    let memory = Tensor::randn(0f32, 1., (1, 3, 8), &dev).unwrap();
+    let other = Tensor::randn(0f32, 1., (1, 3, 8), &dev).unwrap();
+    let x = Tensor::randn(0f32, 1., (1, 1, 8), &dev).unwrap();
+    let mut cache = CrossAttentionCache::new();
+    attn.attend_cross(&x, &memory, &mut cache, &Default::default())
+        .unwrap();
+    assert!(cache.holds(&memory) && cache.holds(&memory.clone()));
+    let err = attn
+        .attend_cross(&x, &other, &mut cache, &Default::default())
+        .unwrap_err();
+    assert!(err.to_string().contains("another memory tensor"), "{err}");
+    cache.reset();
+    attn.attend_cross(&x, &other, &mut cache, &Default::default())
+        .unwrap();
+    assert!(cache.holds(&other));
+}
+
+#[test]
+fn a_forked_decoder_cache_decodes_independently() {
+    let dev = Device::Cpu;
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+    let mut cfg = TransformerConfig::new(16, 2);
+    cfg.num_decoder_layers = 2;
+    cfg.dim_feedforward = 32;
+    let decoder = TransformerDecoder::new(&cfg, vb.pp("dec"), false).unwrap();
+    let memory = Tensor::randn(0f32, 1., (1, 4, 16), &dev).unwrap();
+    let tgt = Tensor::randn(0f32, 1., (1, 6, 16), &dev).unwrap();
+    let masks = DecoderMasks::default();
+    let full_a = decoder
+        .forward(
+            &tgt,
+            &memory,
+            &DecoderMasks {
+                tgt_mask: Mask::causal(),
+                ..Default::default()
+            },
+            false,
+        )
+        .unwrap();
+    let tgt_b = Tensor::cat(
+        &[
+            &tgt.narrow(1, 0, 3).unwrap(),
+            &Tensor::randn(0f32, 1., (1, 3, 16), &dev).unwrap(),
+        ],
+        1,
+    )
+    .unwrap();
+    let full_b = decoder
+        .forward(
+            &tgt_b,
+            &memory,
+            &DecoderMasks {
+                tgt_mask: Mask::causal(),
+                ..Default::default()
+            },
+            false,
+        )
+        .unwrap();
+    let mut a = DecoderCache::default();
+    for t in 0..3 {
+        decoder
+            .forward_cached(&tgt.narrow(1, t, 1).unwrap(), &memory, &masks, &mut a)
+            .unwrap();
+    }
+    let mut b = a.clone(); // fork after three shared tokens
+    for t in 3..6 {
+        let ya = decoder
+            .forward_cached(&tgt.narrow(1, t, 1).unwrap(), &memory, &masks, &mut a)
+            .unwrap();
+        let yb = decoder
+            .forward_cached(&tgt_b.narrow(1, t, 1).unwrap(), &memory, &masks, &mut b)
+            .unwrap();
+        assert!(max_abs_diff(&ya, &full_a.narrow(1, t, 1).unwrap()) <= 1e-5);
+        assert!(max_abs_diff(&yb, &full_b.narrow(1, t, 1).unwrap()) <= 1e-5);
+    }
+}
+
+#[test]
+fn mask_polarities_agree() {
+    let dev = Device::Cpu;
+    let q = Tensor::randn(0f32, 1., (2, 2, 3, 8), &dev).unwrap();
+    let k = Tensor::randn(0f32, 1., (2, 2, 4, 8), &dev).unwrap();
+    let v = Tensor::randn(0f32, 1., (2, 2, 4, 8), &dev).unwrap();
+    let blocked = Tensor::new(&[[0u8, 1, 0, 0], [0, 0, 1, 1], [1, 0, 0, 0]], &dev).unwrap();
+    let allowed = Tensor::new(&[[1i64, 0, 1, 1], [1, 1, 0, 0], [0, 1, 1, 1]], &dev).unwrap();
+    let run = |mask: Mask| {
+        scaled_dot_product_attention(
+            &q,
+            &k,
+            &v,
+            &SdpaArgs {
+                mask,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .output
+    };
+    let a = run(Mask::blocked(blocked.clone()).unwrap());
+    let b = run(Mask::allowed(allowed).unwrap());
+    let c = run(Mask::boolean(blocked).unwrap());
+    assert!(max_abs_diff(&a, &b) <= 0.0);
+    assert!(max_abs_diff(&a, &c) <= 0.0);
+    // Hugging Face attention_mask (1 = keep) versus torch key padding (1 = padding).
+    let hf = Tensor::new(&[[1u32, 1, 1, 0], [1, 0, 0, 0]], &dev).unwrap();
+    let torch = Tensor::new(&[[0u8, 0, 0, 1], [0, 1, 1, 1]], &dev).unwrap();
+    let d = run(Mask::key_padding_from_attention_mask(&hf).unwrap());
+    let e = run(Mask::key_padding(torch).unwrap());
+    assert!(max_abs_diff(&d, &e) <= 0.0);
+    let err = Mask::allowed(Tensor::zeros((3, 4), DType::F32, &dev).unwrap()).unwrap_err();
+    assert!(err.to_string().contains("integer dtype"), "{err}");
+}
+
+#[test]
+fn train_and_eval_differ_only_by_dropout() {
+    let dev = Device::Cpu;
+    let x = Tensor::randn(0f32, 1., (2, 5, 16), &dev).unwrap();
+    for p in [0.0f32, 0.5] {
+        let varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+        let attn = MultiHeadAttention::new(
+            MultiHeadAttentionConfig::new(16, 4).with_dropout(p),
+            vb.pp("attn"),
+        )
+        .unwrap();
+        let mut cfg = TransformerConfig::new(16, 4);
+        cfg.dropout = p;
+        cfg.num_encoder_layers = 2;
+        cfg.dim_feedforward = 32;
+        let layer = TransformerEncoderLayer::new(&cfg, vb.pp("layer")).unwrap();
+        let stack = TransformerEncoder::new(&cfg, vb.pp("enc"), true).unwrap();
+        let eval = |m: &dyn ModuleT| m.forward_t(&x, false).unwrap();
+        let train = |m: &dyn ModuleT| m.forward_t(&x, true).unwrap();
+        for (name, m) in [
+            ("mha", &attn as &dyn ModuleT),
+            ("layer", &layer as &dyn ModuleT),
+            ("stack", &stack as &dyn ModuleT),
+        ] {
+            let (e1, e2, t) = (eval(m), eval(m), train(m));
+            assert!(
+                max_abs_diff(&e1, &e2) <= 0.0,
+                "{name}: eval is deterministic"
+            );
+            let diff = max_abs_diff(&e1, &t);
+            if p == 0.0 {
+                assert!(
+                    diff <= 1e-6,
+                    "{name}: without dropout train == eval, got {diff}"
+                );
+            } else {
+                assert!(diff > 1e-3, "{name}: dropout {p} changes the training pass");
+            }
+        }
+        assert!(
+            max_abs_diff(&attn.forward(&x).unwrap(), &eval(&attn)) <= 0.0,
+            "inherent forward is the eval pass"
+        );
+        let masked = layer.forward(&x, &EncoderMasks::default(), false).unwrap();
+        assert!(max_abs_diff(&masked, &eval(&layer)) <= 0.0);
+    }
+}
