@@ -74,3 +74,105 @@ pub fn run(args: &RunMarianArgs) -> anyhow::Result<()> {
     )?;
     Ok(())
 }
+
+/// `attn inspect DIR`: a MarianMT directory's config, weights and parameter count.
+pub fn inspect_dir(dir: &Path, json: bool) -> anyhow::Result<()> {
+    use candle_attention::marian::{MarianConfig, MarianWeights};
+    let config_path = dir.join("config.json");
+    if !config_path.is_file() {
+        anyhow::bail!(
+            "{} is a directory without config.json: not a Hugging Face model directory",
+            dir.display()
+        )
+    }
+    let cfg = MarianConfig::load(&config_path)?;
+    let weights = MarianWeights::open_dir(dir)?;
+    let parameters = weights.parameter_count();
+    let stored = weights
+        .stored_dtype()
+        .map_or("unknown".to_string(), |d| format!("{d:?}").to_lowercase());
+    let tokenizer: Vec<&str> = ["source.spm", "target.spm", "vocab.json"]
+        .into_iter()
+        .filter(|f| dir.join(f).is_file())
+        .collect();
+    let generation = dir.join("generation_config.json").is_file();
+    if json {
+        let out = serde_json::json!({
+            "directory": dir.display().to_string(),
+            "model_type": "marian",
+            "weights": weights.origin(),
+            "stored_dtype": stored,
+            "parameters": parameters,
+            "tensors": weights.names().len(),
+            "d_model": cfg.d_model,
+            "encoder_layers": cfg.encoder_layers,
+            "decoder_layers": cfg.decoder_layers,
+            "encoder_attention_heads": cfg.encoder_attention_heads,
+            "decoder_attention_heads": cfg.decoder_attention_heads,
+            "encoder_ffn_dim": cfg.encoder_ffn_dim,
+            "decoder_ffn_dim": cfg.decoder_ffn_dim,
+            "vocab_size": cfg.vocab_size,
+            "target_vocab_size": cfg.target_vocab_size(),
+            "share_encoder_decoder_embeddings": cfg.share_encoder_decoder_embeddings,
+            "activation_function": cfg.activation_function,
+            "scale_embedding": cfg.scale_embedding,
+            "max_position_embeddings": cfg.max_position_embeddings,
+            "pad_token_id": cfg.pad_token_id,
+            "eos_token_id": cfg.eos_token_id.as_ref().map(|e| e.to_vec()),
+            "decoder_start_token_id": cfg.decoder_start_token_id,
+            "generation_config": generation,
+            "tokenizer_files": tokenizer,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!("{}: Hugging Face MarianMT (model_type marian)", dir.display());
+    println!(
+        "weights: {} ({} tensors, stored as {stored})",
+        weights.origin(),
+        weights.names().len()
+    );
+    println!(
+        "parameters: {parameters} ({:.1} M)",
+        parameters as f64 / 1e6
+    );
+    println!(
+        "d_model {}, encoder {} layers × {} heads (ffn {}), decoder {} layers × {} heads (ffn {})",
+        cfg.d_model,
+        cfg.encoder_layers,
+        cfg.encoder_attention_heads,
+        cfg.encoder_ffn_dim,
+        cfg.decoder_layers,
+        cfg.decoder_attention_heads,
+        cfg.decoder_ffn_dim
+    );
+    println!(
+        "vocabulary {} (target {}, {}), activation {}, scale_embedding {}, max positions {}",
+        cfg.vocab_size,
+        cfg.target_vocab_size(),
+        if cfg.share_encoder_decoder_embeddings {
+            "shared embeddings"
+        } else {
+            "separate decoder embeddings"
+        },
+        cfg.activation_function,
+        cfg.scale_embedding,
+        cfg.max_position_embeddings
+    );
+    println!(
+        "special ids: pad {:?}, eos {:?}, decoder start {:?}",
+        cfg.pad_token_id,
+        cfg.eos_token_id.as_ref().map(|e| e.to_vec()),
+        cfg.decoder_start_token_id
+    );
+    println!(
+        "generation_config.json: {}; tokenizer files: {}",
+        if generation { "yes" } else { "no (config.json defaults)" },
+        if tokenizer.is_empty() {
+            "none".to_string()
+        } else {
+            tokenizer.join(", ")
+        }
+    );
+    Ok(())
+}
