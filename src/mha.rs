@@ -247,6 +247,11 @@ impl MultiHeadAttention {
         vb: VarBuilder,
         fresh: bool,
     ) -> candle::Result<Self> {
+        if !fresh {
+            if let Some(mha) = Self::build_mapped(&cfg, layout, &vb)? {
+                return Ok(mha);
+            }
+        }
         let e = cfg.embed_dim;
         let xavier = |fan_out: usize, fan_in: usize| {
             let bound = (6.0 / (fan_in + fan_out) as f64).sqrt();
@@ -396,6 +401,69 @@ impl MultiHeadAttention {
             layout,
             cfg,
         })
+    }
+
+    /// Inside [`crate::projection::mapped::with_mapped_weights`]: the projection weights stay
+    /// in the mapped file (biases are read as usual). `None` when a weight is not available
+    /// that way (then [`MultiHeadAttention::build`] loads everything through `vb`).
+    fn build_mapped(
+        cfg: &MultiHeadAttentionConfig,
+        layout: MhaLayout,
+        vb: &VarBuilder,
+    ) -> candle::Result<Option<Self>> {
+        use crate::projection::mapped::mapped_matrix;
+        let e = cfg.embed_dim;
+        let prefix = vb.prefix();
+        let full = |n: &str| crate::weights::join_name(&prefix, n);
+        if cfg.add_bias_kv {
+            return Ok(None);
+        }
+        let Some(out_w) = mapped_matrix(&full("out_proj.weight"), e, e) else {
+            return Ok(None);
+        };
+        let bias = |len: usize, name: &str| cfg.bias.then(|| vb.get(len, name)).transpose();
+        let (q_proj, k_proj, v_proj, qkv_proj, kv_proj) = match layout {
+            MhaLayout::TorchFused => {
+                let Some(w) = mapped_matrix(&full("in_proj_weight"), 3 * e, e) else {
+                    return Ok(None);
+                };
+                let qkv = Projection::from_mapped(w, bias(3 * e, "in_proj_bias")?)?;
+                (
+                    qkv.narrow_outputs(0, e)?,
+                    qkv.narrow_outputs(e, e)?,
+                    qkv.narrow_outputs(2 * e, e)?,
+                    Some(qkv.clone()),
+                    Some(qkv.narrow_outputs(e, 2 * e)?),
+                )
+            }
+            MhaLayout::TorchSeparate => return Ok(None),
+            MhaLayout::HuggingFace => {
+                let get = |name: &str, cols: usize| -> candle::Result<Option<Projection>> {
+                    match mapped_matrix(&full(&format!("{name}.weight")), e, cols) {
+                        Some(w) => Ok(Some(Projection::from_mapped(
+                            w,
+                            bias(e, &format!("{name}.bias"))?,
+                        )?)),
+                        None => Ok(None),
+                    }
+                };
+                match (get("q_proj", e)?, get("k_proj", cfg.kdim)?, get("v_proj", cfg.vdim)?) {
+                    (Some(q), Some(k), Some(v)) => (q, k, v, None, None),
+                    _ => return Ok(None),
+                }
+            }
+        };
+        Ok(Some(Self {
+            q_proj,
+            k_proj,
+            v_proj,
+            out_proj: Projection::from_mapped(out_w, bias(e, "out_proj.bias")?)?,
+            qkv_proj,
+            kv_proj,
+            bias_kv: None,
+            layout,
+            cfg: cfg.clone(),
+        }))
     }
 
     /// The configuration.

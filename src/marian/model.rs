@@ -12,6 +12,7 @@ use super::config::MarianConfig;
 use super::weights::{list_dir, MarianWeights};
 use crate::decode::StepDecoder;
 use crate::mask::Mask;
+use crate::projection::mapped::{mapped_matrix, with_mapped_weights, MappedMatrix};
 use crate::projection::Projection;
 use crate::transformer::{
     DecoderCache, DecoderMasks, EncoderMasks, TransformerDecoder, TransformerEncoder,
@@ -62,9 +63,9 @@ pub fn marian_positions(
 pub struct MarianMTModel {
     cfg: MarianConfig,
     /// `(vocab_size, d_model)`.
-    encoder_embed: Tensor,
-    /// `(target_vocab, d_model)`; the same tensor as `encoder_embed` when shared.
-    decoder_embed: Tensor,
+    encoder_embed: EmbeddingTable,
+    /// `(target_vocab, d_model)`; the same table as `encoder_embed` when shared.
+    decoder_embed: EmbeddingTable,
     embed_scale: f64,
     /// `(max_position_embeddings, d_model)`.
     positions: Tensor,
@@ -72,6 +73,28 @@ pub struct MarianMTModel {
     decoder: TransformerDecoder,
     /// `h · Eᵀ + final_logits_bias`, `(target_vocab)` outputs.
     lm_head: Projection,
+}
+
+/// A token embedding table `(vocab, d_model)`: a tensor, or rows read in place from a mapped
+/// file.
+#[derive(Clone, Debug)]
+enum EmbeddingTable {
+    Owned(Tensor),
+    Mapped(MappedMatrix),
+}
+
+impl EmbeddingTable {
+    /// Rows `ids` (`U32`, any shape `(B, T)`) → `(B, T, d_model)`.
+    fn lookup(&self, ids: &Tensor, d: usize) -> candle::Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        match self {
+            Self::Owned(table) => table.index_select(&ids.flatten_all()?, 0)?.reshape((b, t, d)),
+            Self::Mapped(m) => {
+                let rows = m.gather_rows(&ids.flatten_all()?.to_vec1::<u32>()?)?;
+                Tensor::from_vec(rows, (b, t, d), ids.device())
+            }
+        }
+    }
 }
 
 /// What a state dict of `MarianMTModel` calls things: `model.` prefixed (MarianMTModel) or not
@@ -110,8 +133,24 @@ impl MarianMTModel {
     }
 
     /// Builds the model from a config and a state dict, computing in `dtype` on `device`.
-    /// Checks the vocabulary sizes against the embedding tables (an error names both).
+    /// Checks the vocabulary sizes against the embedding tables (an error names both). With
+    /// `f32` safetensors weights computed in `f32` on the CPU, the large matrices are used in
+    /// place from the mapped file ([`crate::projection::mapped`]): nothing is copied.
     pub fn load(
+        cfg: MarianConfig,
+        weights: &MarianWeights,
+        dtype: DType,
+        device: &Device,
+    ) -> candle::Result<Self> {
+        match weights.mapped() {
+            Some(source) if dtype == DType::F32 && device.is_cpu() => {
+                with_mapped_weights(source, || Self::build(cfg, weights, dtype, device))
+            }
+            _ => Self::build(cfg, weights, dtype, device),
+        }
+    }
+
+    fn build(
         cfg: MarianConfig,
         weights: &MarianWeights,
         dtype: DType,
@@ -139,31 +178,39 @@ impl MarianMTModel {
                 None => Err(weights.not_found(tensor)),
             }
         };
-        let (encoder_embed, decoder_embed) = if cfg.share_encoder_decoder_embeddings {
-            let shared = first_present(&[
-                name("shared.weight"),
-                name("encoder.embed_tokens.weight"),
-                name("decoder.embed_tokens.weight"),
-            ])?;
-            check_vocab(&shared, cfg.vocab_size, "vocab_size")?;
-            let t = vb.get((cfg.vocab_size, d), &shared)?;
-            (t.clone(), t)
-        } else {
-            let enc = name("encoder.embed_tokens.weight");
-            let dec = name("decoder.embed_tokens.weight");
-            check_vocab(&enc, cfg.vocab_size, "vocab_size")?;
-            check_vocab(&dec, cfg.target_vocab_size(), "decoder_vocab_size")?;
-            (
-                vb.get((cfg.vocab_size, d), &enc)?,
-                vb.get((cfg.target_vocab_size(), d), &dec)?,
-            )
+        let table = |tensor: &str, rows: usize| -> candle::Result<EmbeddingTable> {
+            Ok(match mapped_matrix(tensor, rows, d) {
+                Some(m) => EmbeddingTable::Mapped(m),
+                None => EmbeddingTable::Owned(vb.get((rows, d), tensor)?),
+            })
         };
+        let (encoder_embed, decoder_embed, decoder_table_name) =
+            if cfg.share_encoder_decoder_embeddings {
+                let shared = first_present(&[
+                    name("shared.weight"),
+                    name("encoder.embed_tokens.weight"),
+                    name("decoder.embed_tokens.weight"),
+                ])?;
+                check_vocab(&shared, cfg.vocab_size, "vocab_size")?;
+                let t = table(&shared, cfg.vocab_size)?;
+                (t.clone(), t, shared)
+            } else {
+                let enc = name("encoder.embed_tokens.weight");
+                let dec = name("decoder.embed_tokens.weight");
+                check_vocab(&enc, cfg.vocab_size, "vocab_size")?;
+                check_vocab(&dec, cfg.target_vocab_size(), "decoder_vocab_size")?;
+                (
+                    table(&enc, cfg.vocab_size)?,
+                    table(&dec, cfg.target_vocab_size())?,
+                    dec,
+                )
+            };
         let vocab = cfg.target_vocab_size();
-        let lm_weight = if cfg.tie_word_embeddings {
-            decoder_embed.clone()
+        let lm_name = if cfg.tie_word_embeddings {
+            decoder_table_name
         } else {
             check_vocab("lm_head.weight", vocab, "the target vocabulary size")?;
-            vb.get((vocab, d), "lm_head.weight")?
+            "lm_head.weight".to_string()
         };
         // transformers treats a missing bias as zeros (it is a buffer, not a parameter).
         let bias = if weights.contains("final_logits_bias") {
@@ -178,7 +225,13 @@ impl MarianMTModel {
         } else {
             Tensor::zeros(vocab, dtype, device)?
         };
-        let lm_head = Projection::new(&lm_weight, Some(bias))?;
+        let lm_head = match (mapped_matrix(&lm_name, vocab, d), &decoder_embed) {
+            (Some(w), _) => Projection::from_mapped(w, Some(bias))?,
+            (None, EmbeddingTable::Owned(t)) if cfg.tie_word_embeddings => {
+                Projection::new(t, Some(bias))?
+            }
+            (None, _) => Projection::new(&vb.get((vocab, d), &lm_name)?, Some(bias))?,
+        };
         let encoder = TransformerEncoder::load(&cfg.encoder_config()?, vb.pp(name("encoder")))?;
         let decoder = TransformerDecoder::load(&cfg.decoder_config()?, vb.pp(name("decoder")))?;
         if encoder.has_final_norm() || decoder.has_final_norm() {
@@ -211,12 +264,12 @@ impl MarianMTModel {
 
     /// The dtype the model computes in.
     pub fn dtype(&self) -> DType {
-        self.encoder_embed.dtype()
+        self.lm_head.dtype()
     }
 
     /// The device the weights live on.
     pub fn device(&self) -> &Device {
-        self.encoder_embed.device()
+        self.lm_head.device()
     }
 
     /// The encoder stack.
@@ -272,11 +325,9 @@ impl MarianMTModel {
     }
 
     /// Embeds `ids` (checked `U32`, `(B, T)`) at positions `start..start + T`.
-    fn embed(&self, table: &Tensor, ids: &Tensor, start: usize) -> candle::Result<Tensor> {
-        let (b, t) = ids.dims2()?;
-        let x = table
-            .index_select(&ids.flatten_all()?, 0)?
-            .reshape((b, t, self.cfg.d_model))?;
+    fn embed(&self, table: &EmbeddingTable, ids: &Tensor, start: usize) -> candle::Result<Tensor> {
+        let t = ids.dim(1)?;
+        let x = table.lookup(ids, self.cfg.d_model)?;
         let x = if self.embed_scale != 1.0 {
             (x * self.embed_scale)?
         } else {
@@ -412,10 +463,12 @@ impl MarianMTModel {
     ) -> candle::Result<MarianDecodeState> {
         let padding = self.source_padding(input_ids, attention_mask)?;
         let memory = self.encode_with_padding(input_ids, &padding)?;
+        let sources = (0..memory.dim(0)? as u32).collect();
         Ok(MarianDecodeState {
             memory,
             src_padding: padding,
             cache: DecoderCache::default(),
+            sources,
         })
     }
 
@@ -458,6 +511,8 @@ pub struct MarianDecodeState {
     /// `(rows, S)` `U8`, 1 = source padding.
     src_padding: Tensor,
     cache: DecoderCache,
+    /// The source sentence (row of the first state) each row decodes.
+    sources: Vec<u32>,
 }
 
 impl MarianDecodeState {
@@ -481,11 +536,24 @@ impl MarianDecodeState {
         &self.memory
     }
 
-    /// Keeps rows `rows` (`U32`, may repeat), in that order.
-    pub fn select_rows(&mut self, rows: &Tensor) -> candle::Result<()> {
-        self.memory = self.memory.index_select(rows, 0)?;
-        self.src_padding = self.src_padding.index_select(rows, 0)?;
-        self.cache.select_rows(rows, &self.memory)
+    /// Keeps rows `rows` (may repeat), in that order. When every new row decodes the same
+    /// source sentence as the row it replaces (beam search reordering hypotheses of one
+    /// sentence), the encoder memory and its projections stay where they are and only the
+    /// self-attention caches move.
+    pub fn select_rows(&mut self, rows: &[u32]) -> candle::Result<()> {
+        let n = self.sources.len();
+        if let Some(&bad) = rows.iter().find(|&&r| r as usize >= n) {
+            candle::bail!("row {bad} does not exist: the decode state has {n} rows")
+        }
+        let sources: Vec<u32> = rows.iter().map(|&r| self.sources[r as usize]).collect();
+        let index = Tensor::from_slice(rows, rows.len(), self.memory.device())?;
+        if sources == self.sources {
+            return self.cache.select_rows_same_memory(&index);
+        }
+        self.memory = self.memory.index_select(&index, 0)?;
+        self.src_padding = self.src_padding.index_select(&index, 0)?;
+        self.sources = sources;
+        self.cache.select_rows(&index, &self.memory)
     }
 }
 
@@ -500,8 +568,7 @@ impl StepDecoder for MarianMTModel {
     }
 
     fn reorder(&self, state: &mut MarianDecodeState, rows: &[u32]) -> candle::Result<()> {
-        let rows = Tensor::from_slice(rows, rows.len(), self.device())?;
-        state.select_rows(&rows)
+        state.select_rows(rows)
     }
 }
 

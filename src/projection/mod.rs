@@ -24,6 +24,7 @@
 //! tensor given (a `Var` stays live: an optimizer's update is seen by the next forward pass).
 
 mod gemm;
+pub mod mapped;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -48,6 +49,8 @@ enum Weight {
         col0: usize,
         out: usize,
     },
+    /// `W` `(out, in)` read in place from a memory-mapped file ([`mapped`]).
+    Mapped(mapped::MappedMatrix),
 }
 
 /// `y = x Wᵀ + b`, a [`candle::Module`] over the last dimension: `x` `(..., in)` →
@@ -118,6 +121,25 @@ impl Projection {
         Ok(Self { weight, bias })
     }
 
+    /// A projection whose weight `W` `(out, in)` stays in a memory-mapped file (see
+    /// [`mapped`]); `bias` `(out)` must be a CPU `f32` tensor.
+    pub fn from_mapped(weight: mapped::MappedMatrix, bias: Option<Tensor>) -> candle::Result<Self> {
+        if let Some(b) = &bias {
+            if b.dims() != [weight.rows()] || !is_cpu_constant_f32(b) {
+                candle::bail!(
+                    "bias of a mapped linear layer must be a CPU f32 vector of {} values, got {:?} ({:?})",
+                    weight.rows(),
+                    b.dims(),
+                    b.dtype()
+                )
+            }
+        }
+        Ok(Self {
+            weight: Weight::Mapped(weight),
+            bias: bias.map(|b| b.contiguous()).transpose()?,
+        })
+    }
+
     /// The projection onto outputs `start .. start + len` only (rows `start .. start + len`
     /// of `W` and of `b`), sharing this projection's storage: how the fused Q/K/V projection
     /// of [`crate::MultiHeadAttention`] provides each one.
@@ -136,6 +158,10 @@ impl Projection {
                 col0: col0 + start,
                 out: len,
             },
+            Weight::Mapped(w) => Weight::Mapped(
+                w.narrow_rows(start, len)
+                    .ok_or_else(|| candle::Error::Msg("internal: mapped rows out of range".into()))?,
+            ),
         };
         Ok(Self {
             weight,
@@ -159,6 +185,9 @@ impl Projection {
                     .narrow(1, *col0, *out)?
                     .contiguous()
             }
+            Weight::Mapped(w) => {
+                Tensor::from_slice(w.data(), (w.rows(), w.cols()), &Device::Cpu)?.t()
+            }
         }
     }
 
@@ -178,6 +207,7 @@ impl Projection {
         match &self.weight {
             Weight::View(wt) => wt.dims()[0],
             Weight::Packed { panels, .. } => panels.dims()[1],
+            Weight::Mapped(w) => w.cols(),
         }
     }
 
@@ -186,6 +216,7 @@ impl Projection {
         match &self.weight {
             Weight::View(wt) => wt.dims()[1],
             Weight::Packed { out, .. } => *out,
+            Weight::Mapped(w) => w.rows(),
         }
     }
 
@@ -193,7 +224,7 @@ impl Projection {
     pub fn dtype(&self) -> DType {
         match &self.weight {
             Weight::View(wt) => wt.dtype(),
-            Weight::Packed { .. } => DType::F32,
+            Weight::Packed { .. } | Weight::Mapped(_) => DType::F32,
         }
     }
 
@@ -202,6 +233,7 @@ impl Projection {
         match &self.weight {
             Weight::View(wt) => wt.device(),
             Weight::Packed { panels, .. } => panels.device(),
+            Weight::Mapped(_) => &Device::Cpu,
         }
     }
 }
@@ -244,6 +276,20 @@ impl Module for Projection {
             if is_cpu_constant_f32(x) {
                 let y = cpu_linear(&x.contiguous()?, m, panels, *col0, n, self.bias.as_ref())?;
                 return y.reshape(out_dims);
+            }
+        }
+        if let Weight::Mapped(w) = &self.weight {
+            if is_cpu_constant_f32(x) {
+                let x = x.contiguous()?;
+                let (xs, xl) = x.storage_and_layout();
+                let xv = &tiled::cpu_f32(&xs)?[xl.start_offset()..][..m * k];
+                let bias_guard = self.bias.as_ref().map(|b| b.storage_and_layout());
+                let bias = match &bias_guard {
+                    Some((bs, bl)) => Some(&tiled::cpu_f32(bs)?[bl.start_offset()..][..n]),
+                    None => None,
+                };
+                let y = mapped::linear_nt(xv, m, w.data(), n, k, bias);
+                return Tensor::from_vec(y, out_dims, &Device::Cpu);
             }
         }
         // Autograd, CUDA, other dtypes: candle's ops, as candle-nn's `Linear`.

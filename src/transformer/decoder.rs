@@ -63,6 +63,18 @@ impl DecoderCache {
         }
         Ok(())
     }
+
+    /// Keeps batch rows `rows` of the self-attention caches only, leaving the cross-attention
+    /// caches as they are. Valid when the memory rows do not move: memory row `rows[i]` equals
+    /// memory row `i` for every `i` (e.g. beam search reordering hypotheses of one source
+    /// sentence, whose memory rows are copies of each other). Saves copying the projected
+    /// memory of every layer on every step.
+    pub fn select_rows_same_memory(&mut self, rows: &Tensor) -> candle::Result<()> {
+        for layer in &mut self.layers {
+            layer.self_attn.select_rows(rows)?;
+        }
+        Ok(())
+    }
 }
 
 /// One decoder layer, `torch.nn.TransformerDecoderLayer`. Tensor names: `self_attn.*`,

@@ -22,6 +22,12 @@ impl FeedForward {
     /// under `vb`.
     pub fn new(cfg: &TransformerConfig, vb: &VarBuilder) -> candle::Result<Self> {
         let linear = |inp, out, name: &str| -> candle::Result<Projection> {
+            // Inside `with_mapped_weights`, the weight stays in the mapped file.
+            let weight_name = crate::weights::join_name(&vb.prefix(), &format!("{name}.weight"));
+            if let Some(w) = crate::projection::mapped::mapped_matrix(&weight_name, out, inp) {
+                let bias = cfg.bias.then(|| vb.pp(name).get(out, "bias")).transpose()?;
+                return Projection::from_mapped(w, bias);
+            }
             let lin = if cfg.bias {
                 candle_nn::linear(inp, out, vb.pp(name))?
             } else {

@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use candle::{DType, Device, Tensor};
+use candle_attention::marian::generation::{generate_padded, GenerationConfig};
 use candle_attention::marian::MarianMTModel;
 use candle_attention::torch_io::save_tensors;
 use candle_attention::TensorFile;
@@ -174,5 +175,79 @@ pub fn inspect_dir(dir: &Path, json: bool) -> anyhow::Result<()> {
             tokenizer.join(", ")
         }
     );
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct GenerateArgs {
+    /// A MarianMT directory: config.json, optional generation_config.json, and
+    /// model.safetensors or pytorch_model.bin.
+    #[arg(long)]
+    model: PathBuf,
+    /// int64 `input_ids` and `attention_mask` (B, S), 1 = token.
+    #[arg(long)]
+    inputs: PathBuf,
+    /// Where to write int64 `sequences` (B, T'): decoder start token first, padded with
+    /// pad_token_id, exactly as transformers' generate() returns them.
+    #[arg(long)]
+    output: PathBuf,
+    /// Beam width (1 = greedy); default from generation_config.json / config.json.
+    #[arg(long)]
+    beams: Option<usize>,
+    /// Most tokens to generate (wins over max_length).
+    #[arg(long)]
+    max_new_tokens: Option<usize>,
+    /// Fewest tokens to generate before EOS may come.
+    #[arg(long)]
+    min_new_tokens: Option<usize>,
+}
+
+/// The generation settings of `dir` with the command line's overrides.
+pub fn generation_config(
+    dir: &Path,
+    beams: Option<usize>,
+    max_new_tokens: Option<usize>,
+    min_new_tokens: Option<usize>,
+) -> anyhow::Result<GenerationConfig> {
+    let mut cfg = GenerationConfig::from_model_dir(dir)
+        .with_context(|| format!("reading the generation settings of {}", dir.display()))?;
+    if let Some(b) = beams {
+        if b == 0 {
+            anyhow::bail!("--beams must be at least 1")
+        }
+        cfg = cfg.with_num_beams(b);
+    }
+    if let Some(t) = max_new_tokens {
+        if t == 0 {
+            anyhow::bail!("--max-new-tokens must be at least 1")
+        }
+        cfg = cfg.with_max_new_tokens(t);
+    }
+    if let Some(t) = min_new_tokens {
+        cfg = cfg.with_min_new_tokens(t);
+    }
+    Ok(cfg)
+}
+
+pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
+    let device = Device::Cpu;
+    let cfg = generation_config(
+        &args.model,
+        args.beams,
+        args.max_new_tokens,
+        args.min_new_tokens,
+    )?;
+    let model = load_model(&args.model, &device)?;
+    let inputs = TensorFile::open(&args.inputs)?;
+    let input_ids = read_ids(&inputs, "input_ids", &device)?;
+    let attention_mask = read_ids(&inputs, "attention_mask", &device)?;
+    let batch = input_ids.dim(0)?;
+    let state = model
+        .start(&input_ids, &attention_mask)
+        .context("encoding the inputs")?;
+    let (ids, shape) = generate_padded(&model, state, batch, &cfg).context("generating")?;
+    let ids: Vec<i64> = ids.into_iter().map(i64::from).collect();
+    let sequences = Tensor::from_vec(ids, shape, &device)?;
+    save_tensors(&[("sequences", &sequences)], &args.output)?;
     Ok(())
 }
