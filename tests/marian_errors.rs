@@ -31,8 +31,7 @@ fn variant(edit: impl Fn(&mut serde_json::Value), drop: &[&str]) -> tempfile::Te
 
 fn load_err(dir: &Path) -> String {
     MarianMTModel::from_dir(dir, &Device::Cpu)
-        .err()
-        .expect("loading must fail")
+        .expect_err("loading must fail")
         .to_string()
 }
 

@@ -215,50 +215,86 @@ pub(crate) fn linear_nt(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, bias
     y
 }
 
-/// `out[r * m + i] = Σ_kk x[i, kk] · w[r, kk]` for `rows` rows of `w`, with the best
-/// instruction set this CPU has.
+/// `out[r * m + i] = Σ_kk x[i, kk] · w[r, kk]` for `rows` rows of `w`, with AVX-512 where
+/// the CPU has it.
 fn block(x: &[f32], m: usize, w: &[f32], rows: usize, k: usize, out: &mut [f32]) {
+    assert!(x.len() >= m * k && w.len() >= rows * k && out.len() >= rows * m);
     #[cfg(target_arch = "x86_64")]
     {
-        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
-            // SAFETY: the features the function is compiled for were detected just above.
+        if is_x86_feature_detected!("avx512f") {
+            // SAFETY: avx512f was detected just above; the lengths are asserted above, which
+            // is the function's contract.
             return unsafe { block_avx512(x, m, w, rows, k, out) };
         }
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            // SAFETY: as above.
-            return unsafe { block_avx2(x, m, w, rows, k, out) };
+    }
+    block_portable(x, m, w, rows, k, out)
+}
+
+/// The portable loop: one dot product at a time.
+fn block_portable(x: &[f32], m: usize, w: &[f32], rows: usize, k: usize, out: &mut [f32]) {
+    for r in 0..rows {
+        let wr = &w[r * k..(r + 1) * k];
+        for i in 0..m {
+            let xr = &x[i * k..(i + 1) * k];
+            out[r * m + i] = xr.iter().zip(wr).map(|(a, b)| a * b).sum();
         }
     }
-    block_generic::<false>(x, m, w, rows, k, out)
 }
 
+/// Register tiles of 4 rows of `w` × 4 rows of `x`: 16 accumulators of 16 lanes, each step
+/// loading 4 + 4 vectors for 16 FMAs; masked loads for the last `k % 16` columns.
+///
+/// # Safety
+/// The CPU has avx512f; `x` holds `m · k`, `w` `rows · k` and `out` `rows · m` floats.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
+#[target_feature(enable = "avx512f")]
 unsafe fn block_avx512(x: &[f32], m: usize, w: &[f32], rows: usize, k: usize, out: &mut [f32]) {
-    block_generic::<true>(x, m, w, rows, k, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn block_avx2(x: &[f32], m: usize, w: &[f32], rows: usize, k: usize, out: &mut [f32]) {
-    block_generic::<true>(x, m, w, rows, k, out)
-}
-
-/// The portable body, compiled once per instruction set by the wrappers above (it is inlined
-/// into each, so the compiler vectorises its 16-wide lanes with what the wrapper enables).
-#[inline(always)]
-fn block_generic<const FMA: bool>(x: &[f32], m: usize, w: &[f32], rows: usize, k: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let tail = k % 16;
+    let tail_mask: __mmask16 = ((1u32 << tail) - 1) as __mmask16;
+    // One tile: MR rows of x from i, NR rows of w from r.
+    macro_rules! tile {
+        ($mr:expr, $nr:expr, $i:expr, $r:expr) => {{
+            let mut acc = [[_mm512_setzero_ps(); $nr]; $mr];
+            let xp: [*const f32; $mr] = std::array::from_fn(|a| x.as_ptr().add(($i + a) * k));
+            let wp: [*const f32; $nr] = std::array::from_fn(|b| w.as_ptr().add(($r + b) * k));
+            let mut c = 0;
+            while c + 16 <= k {
+                let wv: [__m512; $nr] = std::array::from_fn(|b| _mm512_loadu_ps(wp[b].add(c)));
+                for a in 0..$mr {
+                    let xv = _mm512_loadu_ps(xp[a].add(c));
+                    for b in 0..$nr {
+                        acc[a][b] = _mm512_fmadd_ps(xv, wv[b], acc[a][b]);
+                    }
+                }
+                c += 16;
+            }
+            if tail > 0 {
+                let wv: [__m512; $nr] =
+                    std::array::from_fn(|b| _mm512_maskz_loadu_ps(tail_mask, wp[b].add(c)));
+                for a in 0..$mr {
+                    let xv = _mm512_maskz_loadu_ps(tail_mask, xp[a].add(c));
+                    for b in 0..$nr {
+                        acc[a][b] = _mm512_fmadd_ps(xv, wv[b], acc[a][b]);
+                    }
+                }
+            }
+            for a in 0..$mr {
+                for b in 0..$nr {
+                    out[($r + b) * m + $i + a] = _mm512_reduce_add_ps(acc[a][b]);
+                }
+            }
+        }};
+    }
     let mut r = 0;
     while r + 4 <= rows {
         let mut i = 0;
         while i + 4 <= m {
-            let acc = tile::<4, 4, FMA>(x, i, w, r, k);
-            store(&acc, out, r, i, m);
+            tile!(4, 4, i, r);
             i += 4;
         }
         while i < m {
-            let acc = tile::<1, 4, FMA>(x, i, w, r, k);
-            store(&acc, out, r, i, m);
+            tile!(1, 4, i, r);
             i += 1;
         }
         r += 4;
@@ -266,76 +302,31 @@ fn block_generic<const FMA: bool>(x: &[f32], m: usize, w: &[f32], rows: usize, k
     while r < rows {
         let mut i = 0;
         while i + 4 <= m {
-            let acc = tile::<4, 1, FMA>(x, i, w, r, k);
-            store(&acc, out, r, i, m);
+            tile!(4, 1, i, r);
             i += 4;
         }
         while i < m {
-            let acc = tile::<1, 1, FMA>(x, i, w, r, k);
-            store(&acc, out, r, i, m);
+            tile!(1, 1, i, r);
             i += 1;
         }
         r += 1;
     }
 }
 
-#[inline(always)]
-fn store<const MR: usize, const NR: usize>(acc: &[[f32; NR]; MR], out: &mut [f32], r: usize, i: usize, m: usize) {
-    for (a, row) in acc.iter().enumerate() {
-        for (b, &v) in row.iter().enumerate() {
-            out[(r + b) * m + i + a] = v;
-        }
-    }
-}
-
-/// Dot products of `MR` rows of `x` (from row `i`) with `NR` rows of `w` (from row `r`), in
-/// 16-wide partial sums.
-#[inline(always)]
-fn tile<const MR: usize, const NR: usize, const FMA: bool>(
-    x: &[f32],
-    i: usize,
-    w: &[f32],
-    r: usize,
-    k: usize,
-) -> [[f32; NR]; MR] {
-    const L: usize = 16;
-    let xr: [&[f32]; MR] = std::array::from_fn(|a| &x[(i + a) * k..(i + a + 1) * k]);
-    let wr: [&[f32]; NR] = std::array::from_fn(|b| &w[(r + b) * k..(r + b + 1) * k]);
-    let mut acc = [[[0f32; L]; NR]; MR];
-    let whole = k / L * L;
-    let mut c = 0;
-    while c < whole {
-        let xv: [&[f32; L]; MR] = std::array::from_fn(|a| xr[a][c..c + L].try_into().unwrap());
-        let wv: [&[f32; L]; NR] = std::array::from_fn(|b| wr[b][c..c + L].try_into().unwrap());
-        for a in 0..MR {
-            for b in 0..NR {
-                for l in 0..L {
-                    acc[a][b][l] = if FMA {
-                        xv[a][l].mul_add(wv[b][l], acc[a][b][l])
-                    } else {
-                        acc[a][b][l] + xv[a][l] * wv[b][l]
-                    };
-                }
-            }
-        }
-        c += L;
-    }
-    let mut sums = [[0f32; NR]; MR];
-    for a in 0..MR {
-        for b in 0..NR {
-            let mut s: f32 = acc[a][b].iter().sum();
-            for cc in whole..k {
-                s += xr[a][cc] * wr[b][cc];
-            }
-            sums[a][b] = s;
-        }
-    }
-    sums
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn portable_and_dispatched_blocks_agree() {
+        let (m, rows, k) = (6, 9, 37);
+        let x: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
+        let w: Vec<f32> = (0..rows * k).map(|i| (i % 5) as f32 - 2.0).collect();
+        let (mut a, mut b) = (vec![0f32; rows * m], vec![0f32; rows * m]);
+        block(&x, m, &w, rows, k, &mut a);
+        block_portable(&x, m, &w, rows, k, &mut b);
+        assert_eq!(a, b, "small integers: both sums are exact");
+    }
 
     #[test]
     fn linear_nt_matches_a_plain_loop() {
