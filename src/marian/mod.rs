@@ -1,0 +1,3 @@
+//! Hugging Face MarianMT (`opus-mt-*`) translation models: generation matching `transformers`.
+
+pub mod generation;
