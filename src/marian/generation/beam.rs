@@ -1,0 +1,313 @@
+//! Beam search as `transformers`' `_beam_search` (5.24, `num_beam_groups=1`, no sampling),
+//! per batch item, with its `f32` arithmetic reproduced operation for operation.
+//!
+//! Per item: `num_beams` running beams (scores start at 0 for beam 0 and `-1e9` for the others,
+//! so the first step only expands beam 0) and `num_beams` finished-hypothesis slots (scores
+//! start at `-1e9`, "not finished"). Each step:
+//!
+//! 1. Every beam's processed log-probabilities plus its running score (an `f32` addition).
+//! 2. The top `K = max(2, 1 + #eos) * num_beams` of the `num_beams * vocab` candidates.
+//! 3. A candidate *hits a stopping criterion* when its token is an EOS id or its length reaches
+//!    `max_length`. The next running beams are the top `num_beams` candidates after adding
+//!    `-1e9` to the ones that hit.
+//! 4. Among the first `num_beams` candidates, those that hit are new finished hypotheses with
+//!    score `sum / generated_len^length_penalty` (`generated_len` counts the new token and not
+//!    the start token, an `f32` division by the `f64` power rounded to `f32`); `-1e9` is added
+//!    when the slots are full under `early_stopping=true` or when the stop heuristic already
+//!    said no improvement is possible, and the best `num_beams` of slots and candidates are kept.
+//! 5. The stop heuristic: the best running score divided by `len^length_penalty` (`len` = the
+//!    generated length, or `max_length - 1` for `"never"` with a positive penalty) must beat
+//!    the worst slot score (of *all* slots) for some finished slot, or any unfinished slot
+//!    counts (against `-1e9`). It is sticky: once false it stays false.
+//!
+//! The loop stops at `max_length` or when no item can still change (`transformers`' global
+//! condition: some item's heuristic still true, and not every item full under
+//! `early_stopping=true`).
+//!
+//! `torch.topk` does not specify the order of equal values; here equal values are ranked by
+//! the lower flat index (lower beam, then lower token; finished slots before new candidates).
+//! Exact ties between real scores do not happen with real models; the ones that do happen
+//! (beams that all sit at `-1e9`, unused slots) do not change the returned sequences.
+//!
+//! Items whose result can no longer change ("settled": stop condition met, every slot holding a
+//! finished hypothesis with a real score above `-1e8`) are dropped from the model state.
+
+use super::config::{EarlyStopping, Resolved};
+use super::processors::process;
+use super::{fetch_step, reorder_unless_identity};
+use crate::decode::StepDecoder;
+use candle::Result;
+
+/// `transformers`' stand-in for "impossible" in beam bookkeeping.
+const NEG_LARGE: f32 = -1.0e9;
+
+/// A finished-hypothesis slot.
+#[derive(Clone, Debug)]
+struct Slot {
+    seq: Vec<u32>,
+    score: f32,
+    finished: bool,
+}
+
+/// One batch item's beams.
+struct Item {
+    /// Running sequences (start token included), best first.
+    running: Vec<Vec<u32>>,
+    running_scores: Vec<f32>,
+    /// The state row of each running beam.
+    rows: Vec<usize>,
+    slots: Vec<Slot>,
+    /// `is_early_stop_heuristic_unsatisfied`: an improvement is still possible.
+    heuristic: bool,
+    settled: bool,
+}
+
+/// A candidate continuation.
+struct Candidate {
+    beam: usize,
+    token: u32,
+    score: f32,
+    hits: bool,
+}
+
+/// Whether `a` ranks before `b` in `torch.topk` order: NaN first, larger values first, equal
+/// values by lower index.
+fn ranks_before(a: (f32, usize), b: (f32, usize)) -> bool {
+    match (a.0.is_nan(), b.0.is_nan()) {
+        (true, false) => true,
+        (false, true) => false,
+        (true, true) => a.1 < b.1,
+        (false, false) => a.0 > b.0 || (a.0 == b.0 && a.1 < b.1),
+    }
+}
+
+/// Indices of the `k` largest values, best first (see [`ranks_before`]).
+pub(crate) fn top_k(values: &[f32], k: usize) -> Vec<usize> {
+    let mut best: Vec<(f32, usize)> = Vec::with_capacity(k + 1);
+    for (i, &v) in values.iter().enumerate() {
+        if best.len() == k && !ranks_before((v, i), best[k - 1]) {
+            continue;
+        }
+        let pos = best
+            .iter()
+            .position(|&b| ranks_before((v, i), b))
+            .unwrap_or(best.len());
+        best.insert(pos, (v, i));
+        best.truncate(k);
+    }
+    best.into_iter().map(|(_, i)| i).collect()
+}
+
+/// `x / (len ** p)` as torch does it: the power in `f64` (Python), the division in `f32`.
+fn length_normalize(x: f32, len: usize, p: f64) -> f32 {
+    x / (len as f64).powf(p) as f32
+}
+
+/// `torch.topk` needs at least `k` candidates.
+fn check_candidates(num_beams: usize, vocab: usize, k: usize) -> Result<()> {
+    if num_beams * vocab < k {
+        candle::bail!(
+            "beam search keeps {k} candidates per step but num_beams ({num_beams}) x vocabulary ({vocab}) is only {}",
+            num_beams * vocab
+        )
+    }
+    Ok(())
+}
+
+/// Runs beam search; returns `num_return_sequences` sequences per item (item-major), start
+/// token first, unpadded.
+pub(crate) fn beam_search<M: StepDecoder>(
+    model: &M,
+    state: &mut M::State,
+    batch: usize,
+    cfg: &Resolved,
+) -> Result<Vec<Vec<u32>>> {
+    let nb = cfg.num_beams;
+    let keep = 2.max(1 + cfg.eos.len()) * nb;
+    let early = cfg.early_stopping;
+    let mut items: Vec<Item> = (0..batch)
+        .map(|i| Item {
+            running: vec![vec![cfg.start]; nb],
+            running_scores: (0..nb).map(|b| if b == 0 { 0.0 } else { NEG_LARGE }).collect(),
+            // The state starts with one row per item: every beam reads it at the first step.
+            rows: vec![i; nb],
+            slots: vec![
+                Slot {
+                    seq: vec![cfg.start],
+                    score: NEG_LARGE,
+                    finished: false,
+                };
+                nb
+            ],
+            heuristic: true,
+            settled: false,
+        })
+        .collect();
+    let mut vocab = None;
+    let mut feed = vec![cfg.start; batch];
+    let mut cur_len = 1;
+    while !feed.is_empty() {
+        let step = fetch_step(model, state, &feed, &mut vocab, cfg)?;
+        let v = step.vocab;
+        check_candidates(nb, v, keep)?;
+        let mut acc = vec![0f32; nb * v];
+        for item in items.iter_mut().filter(|it| !it.settled) {
+            for b in 0..nb {
+                let row = &mut acc[b * v..(b + 1) * v];
+                row.copy_from_slice(step.row(item.rows[b]));
+                process(cfg, &item.running[b], row);
+                let running = item.running_scores[b];
+                row.iter_mut().for_each(|x| *x += running);
+            }
+            step_item(item, &acc, v, keep, cur_len, cfg);
+        }
+        cur_len += 1;
+        if cur_len >= cfg.max_length {
+            break;
+        }
+        for item in items.iter_mut().filter(|it| !it.settled) {
+            let full = item.slots.iter().all(|s| s.finished);
+            let done = !item.heuristic || (early == EarlyStopping::True && full);
+            item.settled = done && full && item.slots.iter().all(|s| s.score > -1.0e8);
+        }
+        // transformers' global stop (`_beam_search_has_unfinished_sequences`) over the items
+        // that can still change; settled items are full.
+        let open: Vec<&Item> = items.iter().filter(|it| !it.settled).collect();
+        let improvement_possible = open.iter().any(|it| it.heuristic);
+        let all_full = early == EarlyStopping::True
+            && open
+                .iter()
+                .all(|it| it.slots.iter().all(|s| s.finished));
+        if open.is_empty() || !improvement_possible || all_full {
+            break;
+        }
+        let mut rows = Vec::with_capacity(open.len() * nb);
+        feed.clear();
+        for item in items.iter_mut().filter(|it| !it.settled) {
+            for b in 0..nb {
+                rows.push(item.rows[b] as u32);
+                item.rows[b] = rows.len() - 1;
+                feed.push(*item.running[b].last().unwrap());
+            }
+        }
+        reorder_unless_identity(model, state, &rows, step.rows)?;
+    }
+    Ok(items
+        .into_iter()
+        .flat_map(|it| it.slots.into_iter().take(cfg.num_return).map(|s| s.seq))
+        .collect())
+}
+
+/// One step of one item: `acc` holds the `num_beams * vocab` accumulated scores. Updates the
+/// running beams (their `rows` now name the *old* state row of their source beam), the slots
+/// and the heuristic.
+fn step_item(item: &mut Item, acc: &[f32], v: usize, keep: usize, cur_len: usize, cfg: &Resolved) {
+    let nb = cfg.num_beams;
+    let at_max = cur_len + 1 >= cfg.max_length;
+    let cands: Vec<Candidate> = top_k(acc, keep)
+        .into_iter()
+        .map(|idx| {
+            let token = (idx % v) as u32;
+            Candidate {
+                beam: idx / v,
+                token,
+                score: acc[idx],
+                hits: at_max || cfg.eos.contains(&token),
+            }
+        })
+        .collect();
+    let seq_of = |c: &Candidate| {
+        let mut s = item.running[c.beam].clone();
+        s.push(c.token);
+        s
+    };
+
+    // Next running beams: candidates that hit a stopping criterion sink by 1e9.
+    let sunk: Vec<f32> = cands
+        .iter()
+        .map(|c| c.score + if c.hits { NEG_LARGE } else { -0.0 })
+        .collect();
+    let next = top_k(&sunk, nb);
+
+    // Finished slots: candidates in the top `num_beams` that hit, length-normalised.
+    let full = cfg.early_stopping == EarlyStopping::True && item.slots.iter().all(|s| s.finished);
+    let mut merged: Vec<f32> = item.slots.iter().map(|s| s.score).collect();
+    for (j, c) in cands.iter().enumerate() {
+        let did = c.hits && j < nb;
+        let mut s = length_normalize(c.score, cur_len, cfg.length_penalty);
+        s += if full { NEG_LARGE } else { -0.0 };
+        s += if item.heuristic { -0.0 } else { NEG_LARGE };
+        s += if did { -0.0 } else { NEG_LARGE };
+        merged.push(s);
+    }
+    let slots: Vec<Slot> = top_k(&merged, nb)
+        .into_iter()
+        .map(|m| {
+            if m < nb {
+                item.slots[m].clone()
+            } else {
+                let j = m - nb;
+                Slot {
+                    seq: seq_of(&cands[j]),
+                    score: merged[m],
+                    finished: cands[j].hits && j < nb,
+                }
+            }
+        })
+        .collect();
+
+    let running: Vec<Vec<u32>> = next.iter().map(|&j| seq_of(&cands[j])).collect();
+    let rows: Vec<usize> = next.iter().map(|&j| item.rows[cands[j].beam]).collect();
+    item.running_scores = next.iter().map(|&j| sunk[j]).collect();
+    item.running = running;
+    item.rows = rows;
+    item.slots = slots;
+
+    // The stop heuristic, after the step (cur_len + 1 tokens).
+    if item.heuristic {
+        let generated = cur_len; // (cur_len + 1) - 1 start token
+        let len = if cfg.early_stopping == EarlyStopping::Never && cfg.length_penalty > 0.0 {
+            cfg.max_length - 1
+        } else {
+            generated
+        };
+        let best = length_normalize(item.running_scores[0], len, cfg.length_penalty);
+        let worst = item
+            .slots
+            .iter()
+            .map(|s| s.score)
+            .fold(f32::INFINITY, |a, b| {
+                // torch.min propagates NaN.
+                if a.is_nan() || !(b.is_nan() || b < a) {
+                    a
+                } else {
+                    b
+                }
+            });
+        item.heuristic = item
+            .slots
+            .iter()
+            .any(|s| best > if s.finished { worst } else { NEG_LARGE });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_k_orders_like_torch() {
+        assert_eq!(top_k(&[1.0, 5.0, 3.0, 5.0, f32::NEG_INFINITY], 3), vec![1, 3, 2]);
+        assert_eq!(top_k(&[f32::NEG_INFINITY; 3], 2), vec![0, 1]);
+        assert_eq!(top_k(&[1.0, f32::NAN, 2.0], 2), vec![1, 2]);
+    }
+
+    #[test]
+    fn length_normalize_rounds_the_power_to_f32_first() {
+        // torch: f32 tensor / Python float = f32 division by the rounded divisor.
+        let x = -7.123_456_7f32;
+        let d = 3f64.powf(0.6);
+        assert_eq!(length_normalize(x, 3, 0.6), x / d as f32);
+        assert_eq!(length_normalize(x, 5, 0.0), x);
+    }
+}

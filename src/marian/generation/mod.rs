@@ -1,0 +1,206 @@
+//! Generation that reproduces `transformers`' `generate()` (version 5.24) token for token:
+//! greedy search (`num_beams=1`) and beam search (`num_beams>1`) for an encoder-decoder model
+//! decoded through [`StepDecoder`], configured by a [`GenerationConfig`] loaded the way
+//! `transformers` loads `generation_config.json` / `config.json`.
+//!
+//! What is reproduced, and how `transformers` counts:
+//!
+//! * Every sequence starts with `decoder_start_token_id`; `max_length` and `min_length` count
+//!   it, `max_new_tokens` / `min_new_tokens` do not (`max_length = max_new_tokens + 1`). The
+//!   default is 20 new tokens, capped by `max_position_embeddings`.
+//! * Processors run in `transformers`' order on the model's log-probabilities: no-repeat
+//!   n-gram, bad words (single- and multi-token; the prefix may include the start token),
+//!   min length, forced BOS (first step), forced EOS (when the sequence has
+//!   `max_length - 1` tokens), `renormalize_logits`.
+//! * Greedy takes `torch.argmax` (the first maximum); a row that emitted EOS is padded with
+//!   `pad_token_id` until every row is done. `transformers` decides on the processed *logits*
+//!   and [`StepDecoder`] answers log-probabilities: the same argmax except for a rounding tie.
+//! * Beam search: see the `beam` module's documentation for the exact bookkeeping (top
+//!   `2 * num_beams` candidates, finished hypotheses scored `sum / generated_len^length_penalty`
+//!   where `generated_len` excludes the start token and includes EOS, the `early_stopping`
+//!   heuristics, `f32` arithmetic as torch does it).
+//!
+//! The searches work on the host in `f32`; the state is reordered only when rows change, and
+//! finished rows (greedy) or settled batch items (beam search) are dropped from it.
+//!
+//! ```
+//! use candle::{Device, Result, Tensor};
+//! use candle_attention::decode::StepDecoder;
+//! use candle_attention::marian::generation::{generate_padded, GenerationConfig};
+//!
+//! /// A bigram model: the next token depends only on the token fed.
+//! struct Bigram(Vec<Vec<f32>>);
+//! impl StepDecoder for Bigram {
+//!     type State = ();
+//!     fn step(&self, _: &mut (), tokens: &[u32]) -> Result<Tensor> {
+//!         let rows: Vec<Vec<f32>> = tokens.iter().map(|&t| self.0[t as usize].clone()).collect();
+//!         Tensor::new(rows, &Device::Cpu)
+//!     }
+//!     fn reorder(&self, _: &mut (), _: &[u32]) -> Result<()> {
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # fn main() -> Result<()> {
+//! // 0 = EOS, 1 = "a", 2 = decoder start and padding.
+//! let model = Bigram(vec![
+//!     vec![-0.1, -2.4, -9.0], // after EOS
+//!     vec![-0.2, -1.7, -9.0], // after "a": EOS
+//!     vec![-2.0, -0.2, -9.0], // after the start: "a"
+//! ]);
+//! let cfg = GenerationConfig::from_json_str(
+//!     r#"{"decoder_start_token_id": 2, "eos_token_id": 0, "pad_token_id": 2, "bad_words_ids": [[2]]}"#,
+//! )?;
+//! let (ids, shape) = generate_padded(&model, (), 1, &cfg)?;
+//! assert_eq!((ids, shape), (vec![2, 1, 0], (1, 3)));
+//! let (ids, _) = generate_padded(&model, (), 1, &cfg.with_num_beams(2))?;
+//! assert_eq!(ids, vec![2, 1, 0]);
+//! # Ok(()) }
+//! ```
+
+mod beam;
+mod config;
+mod greedy;
+mod processors;
+
+pub use config::{EarlyStopping, GenerationConfig};
+
+use crate::decode::StepDecoder;
+use candle::{DType, Result};
+use config::Resolved;
+
+/// One step's log-probabilities copied to the host as `f32`, `rows * vocab` values.
+pub(crate) struct HostStep {
+    data: Vec<f32>,
+    rows: usize,
+    vocab: usize,
+}
+
+impl HostStep {
+    fn row(&self, row: usize) -> &[f32] {
+        &self.data[row * self.vocab..(row + 1) * self.vocab]
+    }
+}
+
+/// Feeds `tokens` (one per row) and checks the answer: `(rows, vocab)`, the same vocabulary
+/// at every step, the configured ids inside it (checked at the first step).
+fn fetch_step<M: StepDecoder>(
+    model: &M,
+    state: &mut M::State,
+    tokens: &[u32],
+    vocab: &mut Option<usize>,
+    cfg: &Resolved,
+) -> Result<HostStep> {
+    let out = model.step(state, tokens)?;
+    let (rows, v) = match out.dims() {
+        &[r, v] => (r, v),
+        dims => candle::bail!(
+            "StepDecoder::step must return (rows, vocab) log-probabilities, got shape {dims:?} for {} rows",
+            tokens.len()
+        ),
+    };
+    if rows != tokens.len() {
+        candle::bail!(
+            "StepDecoder::step was fed {} tokens but returned log-probabilities for {rows} rows",
+            tokens.len()
+        )
+    }
+    match *vocab {
+        None => {
+            cfg.check_vocab(v)?;
+            *vocab = Some(v);
+        }
+        Some(prev) if prev != v => candle::bail!(
+            "StepDecoder::step changed the vocabulary size from {prev} to {v} between steps"
+        ),
+        Some(_) => {}
+    }
+    let data = out.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    Ok(HostStep {
+        data,
+        rows,
+        vocab: v,
+    })
+}
+
+/// Calls `reorder` unless `rows` is the identity on `current_rows` rows.
+fn reorder_unless_identity<M: StepDecoder>(
+    model: &M,
+    state: &mut M::State,
+    rows: &[u32],
+    current_rows: usize,
+) -> Result<()> {
+    let identity =
+        rows.len() == current_rows && rows.iter().enumerate().all(|(i, &r)| r as usize == i);
+    if identity {
+        Ok(())
+    } else {
+        model.reorder(state, rows)
+    }
+}
+
+/// Generates like `transformers`' `model.generate(input_ids, attention_mask, ...)` with the
+/// settings `cfg` (after [`GenerationConfig::from_model_dir`] and the per-call `with_*`
+/// overrides): greedy search when `num_beams` is 1, beam search otherwise.
+///
+/// `state` holds `batch` rows, one per source sentence, with the encoder already run; the first
+/// step feeds `decoder_start_token_id` to each. [`StepDecoder::step`] answers `(rows, vocab)`
+/// next-token log-probabilities (`log_softmax` of the logits); [`StepDecoder::reorder`] is
+/// called when rows are expanded to beams, reordered or dropped (never with the identity).
+///
+/// Returns `batch * num_return_sequences` sequences (item-major), each starting with the
+/// decoder start token and ending with EOS (included) or at `max_length` tokens, *unpadded*:
+/// [`pad_sequences`] with [`GenerationConfig::output_pad_token_id`] (or [`generate_padded`])
+/// gives `generate()`'s `(B, T')` tensor exactly. `batch == 0` returns nothing without calling
+/// the model.
+pub fn generate<M: StepDecoder>(
+    model: &M,
+    mut state: M::State,
+    batch: usize,
+    cfg: &GenerationConfig,
+) -> Result<Vec<Vec<u32>>> {
+    let resolved = cfg.resolve()?;
+    if batch == 0 {
+        return Ok(Vec::new());
+    }
+    if resolved.num_beams == 1 {
+        greedy::greedy(model, &mut state, batch, &resolved)
+    } else {
+        beam::beam_search(model, &mut state, batch, &resolved)
+    }
+}
+
+/// [`generate`] followed by [`pad_sequences`] with the padding `generate()` uses: returns the
+/// `(rows, cols)` row-major ids of `generate()`'s output tensor and its shape.
+pub fn generate_padded<M: StepDecoder>(
+    model: &M,
+    state: M::State,
+    batch: usize,
+    cfg: &GenerationConfig,
+) -> Result<(Vec<u32>, (usize, usize))> {
+    let seqs = generate(model, state, batch, cfg)?;
+    let longest = seqs.iter().map(Vec::len).max().unwrap_or(0);
+    let pad = match cfg.output_pad_token_id() {
+        Some(pad) => pad,
+        None if seqs.iter().all(|s| s.len() == longest) => 0,
+        None => candle::bail!(
+            "generate: sequences of different lengths need pad_token_id or eos_token_id to pad with"
+        ),
+    };
+    Ok(pad_sequences(&seqs, pad))
+}
+
+/// Pads `seqs` on the right with `pad_id` to the longest one: returns the row-major ids and
+/// the shape `(seqs.len(), longest)`, ready for `Tensor::from_vec(ids, shape, device)`.
+pub fn pad_sequences(seqs: &[Vec<u32>], pad_id: u32) -> (Vec<u32>, (usize, usize)) {
+    let cols = seqs.iter().map(Vec::len).max().unwrap_or(0);
+    let mut ids = Vec::with_capacity(seqs.len() * cols);
+    for s in seqs {
+        ids.extend_from_slice(s);
+        ids.extend(std::iter::repeat_n(pad_id, cols - s.len()));
+    }
+    (ids, (seqs.len(), cols))
+}
+
+#[cfg(test)]
+mod tests;
