@@ -447,7 +447,11 @@ impl MultiHeadAttention {
                         None => Ok(None),
                     }
                 };
-                match (get("q_proj", e)?, get("k_proj", cfg.kdim)?, get("v_proj", cfg.vdim)?) {
+                match (
+                    get("q_proj", e)?,
+                    get("k_proj", cfg.kdim)?,
+                    get("v_proj", cfg.vdim)?,
+                ) {
                     (Some(q), Some(k), Some(v)) => (q, k, v, None, None),
                     _ => return Ok(None),
                 }

@@ -88,7 +88,9 @@ impl EmbeddingTable {
     fn lookup(&self, ids: &Tensor, d: usize) -> candle::Result<Tensor> {
         let (b, t) = ids.dims2()?;
         match self {
-            Self::Owned(table) => table.index_select(&ids.flatten_all()?, 0)?.reshape((b, t, d)),
+            Self::Owned(table) => table
+                .index_select(&ids.flatten_all()?, 0)?
+                .reshape((b, t, d)),
             Self::Mapped(m) => {
                 let rows = m.gather_rows(&ids.flatten_all()?.to_vec1::<u32>()?)?;
                 Tensor::from_vec(rows, (b, t, d), ids.device())

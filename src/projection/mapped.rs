@@ -38,7 +38,11 @@ pub struct MappedMatrix {
 
 impl std::fmt::Debug for MappedMatrix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "MappedMatrix({} x {} at byte {})", self.rows, self.cols, self.offset)
+        write!(
+            f,
+            "MappedMatrix({} x {} at byte {})",
+            self.rows, self.cols, self.offset
+        )
     }
 }
 
@@ -127,7 +131,10 @@ impl MappedSafetensors {
         let map = unsafe { Mmap::map(&file) }
             .map_err(|e| candle::Error::Msg(format!("cannot map {}: {e}", path.display())))?;
         let (header_len, metadata) = SafeTensors::read_metadata(&map).map_err(|e| {
-            candle::Error::Msg(format!("{} is not a valid safetensors file: {e}", path.display()))
+            candle::Error::Msg(format!(
+                "{} is not a valid safetensors file: {e}",
+                path.display()
+            ))
         })?;
         let data_start = 8 + header_len;
         let tensors = metadata
@@ -136,7 +143,11 @@ impl MappedSafetensors {
             .map(|(name, info)| {
                 (
                     name,
-                    (info.dtype, info.shape.clone(), data_start + info.data_offsets.0),
+                    (
+                        info.dtype,
+                        info.shape.clone(),
+                        data_start + info.data_offsets.0,
+                    ),
                 )
             })
             .collect();
@@ -188,7 +199,14 @@ pub(crate) fn mapped_matrix(name: &str, rows: usize, cols: usize) -> Option<Mapp
 const ROWS_PER_TASK: usize = 128;
 
 /// `y = x Wᵀ + b`: `x` `(m, k)` row-major, `w` `(n, k)` row-major, `bias` `(n)` → `(m, n)`.
-pub(crate) fn linear_nt(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, bias: Option<&[f32]>) -> Vec<f32> {
+pub(crate) fn linear_nt(
+    x: &[f32],
+    m: usize,
+    w: &[f32],
+    n: usize,
+    k: usize,
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
     assert!(x.len() >= m * k && w.len() >= n * k && bias.is_none_or(|b| b.len() >= n));
     // Each task computes `(rows, m)`, transposed, for its rows of `W`; then they are laid out.
     let blocks: Vec<Vec<f32>> = (0..n.div_ceil(ROWS_PER_TASK))
@@ -331,16 +349,22 @@ mod tests {
     #[test]
     fn linear_nt_matches_a_plain_loop() {
         for (m, n, k) in [(1, 1, 1), (3, 7, 5), (4, 130, 33), (9, 257, 64), (5, 4, 16)] {
-            let x: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0).collect();
-            let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
+            let x: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0)
+                .collect();
+            let w: Vec<f32> = (0..n * k)
+                .map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0)
+                .collect();
             let b: Vec<f32> = (0..n).map(|i| i as f32 * 0.25).collect();
             let y = linear_nt(&x, m, &w, n, k, Some(&b));
             for i in 0..m {
                 for j in 0..n {
-                    let want: f32 =
-                        (0..k).map(|c| x[i * k + c] * w[j * k + c]).sum::<f32>() + b[j];
+                    let want: f32 = (0..k).map(|c| x[i * k + c] * w[j * k + c]).sum::<f32>() + b[j];
                     let got = y[i * n + j];
-                    assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{m}x{n}x{k} ({i},{j}): {got} vs {want}");
+                    assert!(
+                        (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                        "{m}x{n}x{k} ({i},{j}): {got} vs {want}"
+                    );
                 }
             }
         }

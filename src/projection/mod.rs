@@ -158,10 +158,11 @@ impl Projection {
                 col0: col0 + start,
                 out: len,
             },
-            Weight::Mapped(w) => Weight::Mapped(
-                w.narrow_rows(start, len)
-                    .ok_or_else(|| candle::Error::Msg("internal: mapped rows out of range".into()))?,
-            ),
+            Weight::Mapped(w) => {
+                Weight::Mapped(w.narrow_rows(start, len).ok_or_else(|| {
+                    candle::Error::Msg("internal: mapped rows out of range".into())
+                })?)
+            }
         };
         Ok(Self {
             weight,

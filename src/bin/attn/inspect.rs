@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
 pub struct InspectArgs {
-    /// A .safetensors file.
+    /// A .safetensors file, or a Hugging Face MarianMT directory.
     file: PathBuf,
     /// Print one JSON object instead of a table.
     #[arg(long)]
@@ -13,6 +13,9 @@ pub struct InspectArgs {
 }
 
 pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
+    if args.file.is_dir() {
+        return crate::marian::inspect_dir(&args.file, args.json);
+    }
     let file = TensorFile::open(&args.file)?;
     let tensors = file.summaries();
     let parameters: usize = tensors.iter().map(|t| t.elem_count()).sum();

@@ -4,6 +4,7 @@
 mod bench;
 mod bench_decode;
 mod inspect;
+mod marian;
 mod run_mha;
 mod run_transformer;
 mod train;
@@ -24,8 +25,12 @@ enum Command {
     /// Run a block on tensors saved from PyTorch and write its outputs.
     #[command(subcommand)]
     Run(RunCommand),
-    /// List the tensors of a safetensors file, the parameter count and the detected layout.
+    /// List the tensors of a safetensors file, the parameter count and the detected layout;
+    /// or describe a Hugging Face MarianMT directory.
     Inspect(inspect::InspectArgs),
+    /// Generate with a Hugging Face MarianMT directory on saved ids, as transformers'
+    /// generate() does (greedy or beam search; defaults from generation_config.json).
+    Generate(marian::GenerateArgs),
     /// Time attention kernels, multi-head attention and decoding on random inputs.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -51,6 +56,8 @@ enum RunCommand {
     Mha(run_mha::RunMhaArgs),
     /// torch.nn.Transformer: weights from its state_dict, inputs in torch's layout.
     Transformer(run_transformer::RunTransformerArgs),
+    /// A Hugging Face MarianMT directory: logits and encoder states for saved ids.
+    Marian(marian::RunMarianArgs),
 }
 
 /// Where to compute.
@@ -99,6 +106,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(RunCommand::Mha(args)) => run_mha::run(&args),
         Command::Run(RunCommand::Transformer(args)) => run_transformer::run(&args),
+        Command::Run(RunCommand::Marian(args)) => marian::run(&args),
+        Command::Generate(args) => marian::generate(&args),
         Command::Inspect(args) => inspect::run(&args),
         Command::Bench(BenchCommand::Attention(args)) => bench::attention(&args),
         Command::Bench(BenchCommand::Mha(args)) => bench::mha(&args),

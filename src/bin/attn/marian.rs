@@ -48,9 +48,16 @@ pub fn read_ids(file: &TensorFile, name: &str, device: &Device) -> anyhow::Resul
         )
     }
     if t.elem_count() > 0 {
-        let min = t.to_dtype(DType::I64)?.flatten_all()?.min(0)?.to_scalar::<i64>()?;
+        let min = t
+            .to_dtype(DType::I64)?
+            .flatten_all()?
+            .min(0)?
+            .to_scalar::<i64>()?;
         if min < 0 {
-            anyhow::bail!("'{name}' in {} holds a negative value ({min})", file.origin())
+            anyhow::bail!(
+                "'{name}' in {} holds a negative value ({min})",
+                file.origin()
+            )
         }
     }
     Ok(t.to_dtype(DType::U32)?)
@@ -69,7 +76,10 @@ pub fn run(args: &RunMarianArgs) -> anyhow::Result<()> {
     save_tensors(
         &[
             ("logits", &logits.to_dtype(DType::F32)?),
-            ("encoder_last_hidden_state", &encoder_out.to_dtype(DType::F32)?),
+            (
+                "encoder_last_hidden_state",
+                &encoder_out.to_dtype(DType::F32)?,
+            ),
         ],
         &args.output,
     )?;
@@ -127,7 +137,10 @@ pub fn inspect_dir(dir: &Path, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
-    println!("{}: Hugging Face MarianMT (model_type marian)", dir.display());
+    println!(
+        "{}: Hugging Face MarianMT (model_type marian)",
+        dir.display()
+    );
     println!(
         "weights: {} ({} tensors, stored as {stored})",
         weights.origin(),
@@ -160,15 +173,23 @@ pub fn inspect_dir(dir: &Path, json: bool) -> anyhow::Result<()> {
         cfg.scale_embedding,
         cfg.max_position_embeddings
     );
+    let id = |v: Option<u32>| v.map_or("none".to_string(), |v| v.to_string());
+    let eos = cfg
+        .eos_token_id
+        .as_ref()
+        .map_or("none".to_string(), |e| format!("{:?}", e.to_vec()));
     println!(
-        "special ids: pad {:?}, eos {:?}, decoder start {:?}",
-        cfg.pad_token_id,
-        cfg.eos_token_id.as_ref().map(|e| e.to_vec()),
-        cfg.decoder_start_token_id
+        "special ids: pad {}, eos {eos}, decoder start {}",
+        id(cfg.pad_token_id),
+        id(cfg.decoder_start_token_id)
     );
     println!(
         "generation_config.json: {}; tokenizer files: {}",
-        if generation { "yes" } else { "no (config.json defaults)" },
+        if generation {
+            "yes"
+        } else {
+            "no (config.json defaults)"
+        },
         if tokenizer.is_empty() {
             "none".to_string()
         } else {
