@@ -1,0 +1,255 @@
+#!/usr/bin/env python3
+"""Side-by-side speed of `attn generate` and transformers' `MarianMTModel.generate()`.
+
+    /work/venv/bin/python bench/compare_marian.py                       # the three settings
+    /work/venv/bin/python bench/compare_marian.py --runs 3 --json
+    /work/venv/bin/python bench/compare_marian.py --skip-ours           # transformers half only
+
+The model is an opus-mt-en-de-sized MarianMTModel with RANDOM weights (seeded): d_model 512,
+6 + 6 layers, 8 heads, ffn 2048, vocab 58101 (shared, lm_head tied), swish, scale_embedding,
+max_position_embeddings 512, pad = decoder_start = 58100, eos 0, and an opus-mt style
+generation_config.json (num_beams 4, max_length 512, bad_words_ids [[58100]],
+forced_eos_token_id 0, renormalize_logits true). transformers creates it and saves it to a
+temporary directory (`model.safetensors`; `--weights-format bin|both` also or instead writes a
+`pytorch_model.bin` torch zip pickle of the full state dict, as opus-mt repos ship); both sides
+load that same directory.
+
+Inputs: B source rows of exactly 24 tokens (23 random ids in 2..58099, then eos 0), no padding,
+attention_mask all ones. Every run generates exactly 32 new tokens per returned row
+(`min_new_tokens = max_new_tokens = 32`; the 32nd token is eos, forced by
+forced_eos_token_id). Settings: batch 1 greedy, batch 8 greedy, batch 8 beam 4.
+
+Threads: `torch.set_num_threads(T)` here and `RAYON_NUM_THREADS=T` for `attn` (default T = 2).
+
+What is timed
+* transformers: `model.generate(input_ids=, attention_mask=, num_beams=N, max_new_tokens=32,
+  min_new_tokens=32)` with the model already loaded (`from_pretrained`, eval, fp32, default
+  attention implementation); median of --runs after --warmup calls.
+* ours: the WHOLE process `attn generate --model DIR --inputs IN.safetensors --output
+  OUT.safetensors --beams N --max-new-tokens 32 --min-new-tokens 32` (start-up and model load
+  included); median of --runs after --warmup runs. Peak RSS of that process comes from
+  `os.wait4` (ru_maxrss of the child; the largest over the timed runs).
+tokens/s = B x 32 / seconds (for beam search also B x 32: returned tokens, not beam tokens).
+--json adds CPU seconds (process_time for transformers, the child's user + system time for
+ours) and the load average: on a shared machine wall times mostly measure the neighbours.
+ratio = ours tok/s / transformers tok/s (> 1 means candle-attention is faster).
+
+The CLI contract: IN holds int64 `input_ids` and `attention_mask` (B, S); OUT must hold int64
+`sequences` (B, T') exactly as generate() returns them (decoder start first, pad-padded). The
+script checks both sides produced the same sequences and reports the first difference if not
+(with random weights a near-tie between two tokens can legitimately flip under different float
+summation order; the report says where).
+
+Needs torch, transformers, safetensors (PyPI) and a release build of `attn`
+(`cargo build --release`; pass --attn PATH if it lives elsewhere).
+Versions used when this was written: torch 2.15.0, transformers 5.24.0, safetensors 0.8.0.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+SETTINGS = {"b1_greedy": (1, 1), "b8_greedy": (8, 1), "b8_beam4": (8, 4)}
+VOCAB, PAD, EOS = 58101, 58100, 0
+
+
+def build_model(dir_, weights_format, seed):
+    from transformers import GenerationConfig, MarianConfig, MarianMTModel
+
+    torch.manual_seed(seed)
+    config = MarianConfig(
+        vocab_size=VOCAB, d_model=512, encoder_layers=6, decoder_layers=6,
+        encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=2048,
+        decoder_ffn_dim=2048, max_position_embeddings=512, activation_function="swish",
+        scale_embedding=True, share_encoder_decoder_embeddings=True, pad_token_id=PAD,
+        decoder_start_token_id=PAD, eos_token_id=EOS, forced_eos_token_id=EOS, bos_token_id=None,
+    )
+    model = MarianMTModel(config).eval()
+    model.generation_config = GenerationConfig(
+        bad_words_ids=[[PAD]], bos_token_id=0, decoder_start_token_id=PAD, eos_token_id=EOS,
+        forced_eos_token_id=EOS, max_length=512, num_beams=4, pad_token_id=PAD,
+        renormalize_logits=True,
+    )
+    model.save_pretrained(dir_)  # transformers 5 always writes model.safetensors
+    if weights_format in ("bin", "both"):
+        sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        shared = sd["model.shared.weight"]
+        for k in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight"):
+            sd[k] = shared
+        torch.save(sd, Path(dir_) / "pytorch_model.bin")
+    if weights_format == "bin":
+        (Path(dir_) / "model.safetensors").unlink()
+
+
+def make_inputs(batch, src_len, seed):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, PAD, (batch, src_len), generator=g)
+    ids[:, -1] = EOS
+    return ids, torch.ones_like(ids)
+
+
+def time_transformers(model, ids, mask, beams, new_tokens, runs, warmup):
+    kw = dict(num_beams=beams, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+    with torch.no_grad():
+        for _ in range(warmup):
+            model.generate(input_ids=ids, attention_mask=mask, **kw)
+        secs, cpu = [], []
+        for _ in range(runs):
+            t, c = time.perf_counter(), time.process_time()
+            out = model.generate(input_ids=ids, attention_mask=mask, **kw)
+            secs.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
+    return statistics.median(secs), min(secs), statistics.median(cpu), out
+
+
+def run_ours_once(cmd, env):
+    """Run one process; return (wall seconds, CPU seconds, peak RSS in MiB)."""
+    with tempfile.TemporaryFile() as err:  # a file, not a pipe: a chatty child cannot block
+        t = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        # wait4 gives this child's own rusage (RUSAGE_CHILDREN would be the max over all children)
+        _, status, usage = os.wait4(proc.pid, 0)
+        secs = time.perf_counter() - t
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            err.seek(0)
+            tail = err.read().decode(errors="replace")[-4000:]
+            raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{tail}")
+    return secs, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024.0
+
+
+def time_ours(attn, model_dir, in_path, out_path, beams, new_tokens, runs, warmup, threads):
+    env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
+    cmd = [attn, "generate", "--model", str(model_dir), "--inputs", str(in_path), "--output", str(out_path),
+           "--beams", str(beams), "--max-new-tokens", str(new_tokens), "--min-new-tokens", str(new_tokens)]
+    for _ in range(warmup):
+        run_ours_once(cmd, env)
+    secs, cpu, rss = [], [], []
+    for _ in range(runs):
+        s, c, r = run_ours_once(cmd, env)
+        secs.append(s)
+        cpu.append(c)
+        rss.append(r)
+    out = load_file(str(out_path))
+    if "sequences" not in out:
+        raise RuntimeError(f"{out_path} has no `sequences` (tensors: {sorted(out)})")
+    return statistics.median(secs), min(secs), statistics.median(cpu), max(rss), out["sequences"]
+
+
+def compare(theirs, ours):
+    """None when equal, else a description of the first difference."""
+    if ours.dtype != torch.int64:
+        return f"ours has dtype {ours.dtype}, expected int64"
+    if tuple(ours.shape) != tuple(theirs.shape):
+        return f"shape differs: transformers {tuple(theirs.shape)}, ours {tuple(ours.shape)}"
+    diff = (ours != theirs).nonzero()
+    if len(diff) == 0:
+        return None
+    r, t = (int(x) for x in diff[0])
+    return (f"{len(diff)} tokens differ; first at row {r} position {t}: transformers "
+            f"{int(theirs[r, t])}, ours {int(ours[r, t])}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--attn", default=str(Path(__file__).resolve().parent.parent / "target" / "release" / "attn"))
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--settings", default=",".join(SETTINGS), help=f"comma list of {', '.join(SETTINGS)}")
+    p.add_argument("--src-len", type=int, default=24)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--runs", type=int, default=5, help="timed runs per side and setting (median quoted)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--weights-format", choices=["safetensors", "bin", "both"], default="safetensors")
+    p.add_argument("--model-dir", help="use (or create, if empty/missing) this model directory instead of a temp dir")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip-ours", action="store_true", help="time transformers only")
+    p.add_argument("--json", action="store_true", help="print the results as JSON (one object per setting)")
+    a = p.parse_args()
+
+    settings = [s for s in a.settings.split(",") if s]
+    for s in settings:
+        if s not in SETTINGS:
+            p.error(f"unknown setting {s!r}; known: {', '.join(SETTINGS)}")
+    if not a.skip_ours and not os.access(a.attn, os.X_OK):
+        p.error(f"{a.attn} is not an executable (build it with `cargo build --release`, "
+                "pass --attn PATH, or use --skip-ours)")
+    torch.set_num_threads(a.threads)
+
+    from transformers import MarianMTModel
+    import transformers
+
+    with tempfile.TemporaryDirectory(prefix="compare_marian_") as tmp:
+        model_dir = Path(a.model_dir) if a.model_dir else Path(tmp) / "opus-mt-random"
+        if not (model_dir / "config.json").exists():
+            t = time.perf_counter()
+            build_model(model_dir, a.weights_format, a.seed)
+            print(f"created {model_dir} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        t = time.perf_counter()
+        model = MarianMTModel.from_pretrained(model_dir, dtype=torch.float32).eval()
+        load_s = time.perf_counter() - t
+
+        rows = []
+        for name in settings:
+            batch, beams = SETTINGS[name]
+            ids, mask = make_inputs(batch, a.src_len, a.seed + 1)
+            in_path, out_path = Path(tmp) / f"{name}.in.safetensors", Path(tmp) / f"{name}.out.safetensors"
+            save_file({"input_ids": ids, "attention_mask": mask}, str(in_path))
+            tokens = batch * a.new_tokens
+            hf_med, hf_min, hf_cpu, hf_seq = time_transformers(model, ids, mask, beams, a.new_tokens, a.runs, a.warmup)
+            expect_len = 1 + a.new_tokens
+            if hf_seq.shape != (batch, expect_len):
+                print(f"warning: transformers returned {tuple(hf_seq.shape)}, expected {(batch, expect_len)}",
+                      file=sys.stderr)
+            row = {
+                "setting": name, "batch": batch, "beams": beams, "src_len": a.src_len,
+                "new_tokens": a.new_tokens, "threads": a.threads, "runs": a.runs,
+                "transformers_s": hf_med, "transformers_min_s": hf_min, "transformers_cpu_s": hf_cpu,
+                "transformers_tok_s": tokens / hf_med,
+                "transformers_load_s": load_s,
+                "transformers_version": transformers.__version__, "torch_version": torch.__version__,
+                "load_average": os.getloadavg()[0], "cpu_count": os.cpu_count(),
+            }
+            if not a.skip_ours:
+                o_med, o_min, o_cpu, rss, o_seq = time_ours(a.attn, model_dir, in_path, out_path, beams,
+                                                     a.new_tokens, a.runs, a.warmup, a.threads)
+                mismatch = compare(hf_seq, o_seq)
+                row.update({
+                    "ours_s": o_med, "ours_min_s": o_min, "ours_cpu_s": o_cpu, "ours_tok_s": tokens / o_med,
+                    "ratio": (tokens / o_med) / (tokens / hf_med), "ours_peak_rss_mib": rss,
+                    "same_sequences": mismatch is None, "mismatch": mismatch,
+                })
+                if mismatch:
+                    print(f"{name}: sequences differ: {mismatch}", file=sys.stderr)
+            rows.append(row)
+            print(f"{name} done", file=sys.stderr)
+
+    if a.json:
+        for r in rows:
+            print(json.dumps(r))
+        return
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}, {a.threads} threads, "
+          f"source length {a.src_len}, {a.new_tokens} new tokens, median of {a.runs} runs")
+    print(f"(transformers from_pretrained took {load_s:.2f} s, not included; ours is the whole process)")
+    print(f"1-minute load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (wall times are only "
+          "meaningful on an otherwise idle machine; --json also gives CPU seconds)")
+    hdr = f"{'setting':10s} {'transformers tok/s':>18s} {'ours tok/s':>11s} {'ratio':>6s} {'ours peak RSS':>13s}  same"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        if "ours_tok_s" in r:
+            print(f"{r['setting']:10s} {r['transformers_tok_s']:18.1f} {r['ours_tok_s']:11.1f} "
+                  f"{r['ratio']:6.2f} {r['ours_peak_rss_mib']:10.0f} MiB  {'yes' if r['same_sequences'] else 'NO'}")
+        else:
+            print(f"{r['setting']:10s} {r['transformers_tok_s']:18.1f} {'-':>11s} {'-':>6s} {'-':>13s}  -")
+
+
+if __name__ == "__main__":
+    main()
