@@ -281,6 +281,15 @@ fn mha_matches_hand_computed_torch_reference() {
         let (b, s) = (key.dim(0).unwrap(), key.dim(1).unwrap());
         assert_eq!(k.dims(), &[b, case.num_kv_heads, s, hd]);
         assert_eq!(v.dims(), &[b, case.num_kv_heads, s, hd]);
+        if case.kdim == case.embed_dim && case.vdim == case.embed_dim {
+            // One tensor as key and value takes the fused (narrower) K/V projection: it must
+            // split into the same heads as the separate projections.
+            let (kf, vf) = mha.project_key_value(&key, &key).unwrap();
+            let (ks, vs) = mha.project_key_value(&key, &key.copy().unwrap()).unwrap();
+            assert_eq!(kf.dims(), &[b, case.num_kv_heads, s, hd]);
+            compare(&kf, &ks, 1e-6, 1e-6).unwrap();
+            compare(&vf, &vs, 1e-6, 1e-6).unwrap();
+        }
         let q = mha.project_query(&query).unwrap();
         assert_eq!(q.dim(1).unwrap(), case.num_heads);
         let args = AttentionArgs {
