@@ -18,13 +18,22 @@ use candle_nn::{Init, VarBuilder};
 pub struct MultiHeadAttentionConfig {
     /// Model size `E` (query features and output features).
     pub embed_dim: usize,
-    /// Number of heads `h`; must divide `embed_dim`.
+    /// Number of (query) heads `h`; must divide `embed_dim`.
     pub num_heads: usize,
+    /// Number of key/value heads `Hkv` (defaults to `num_heads`); must divide `num_heads`.
+    /// Fewer than `num_heads` is grouped-query attention (`1`: multi-query): the key and value
+    /// projections have `num_kv_heads * head_dim` outputs and each key/value head serves
+    /// `num_heads / num_kv_heads` query heads.
+    pub num_kv_heads: usize,
     /// Key features (defaults to `embed_dim`).
     pub kdim: usize,
     /// Value features (defaults to `embed_dim`).
     pub vdim: usize,
-    /// Whether the input and output projections have biases.
+    /// Whether the input and output projections have biases. With torch's layouts that is all
+    /// of them (`in_proj_bias` and `out_proj.bias`) or none. With the Hugging Face layout,
+    /// [`MultiHeadAttention::load`] reads "some of them": each of `q_proj.bias`, `k_proj.bias`,
+    /// `v_proj.bias`, `out_proj.bias` that the weights lack is a zero bias (Whisper has no
+    /// `k_proj.bias`); at least one must be present.
     pub bias: bool,
     /// Learned `bias_k`/`bias_v` `(1, 1, E)` appended to the projected keys/values.
     pub add_bias_kv: bool,
@@ -36,11 +45,13 @@ pub struct MultiHeadAttentionConfig {
 
 impl MultiHeadAttentionConfig {
     /// `embed_dim` and `num_heads`, everything else as torch's defaults: `kdim = vdim =
-    /// embed_dim`, biases on, no `bias_kv`, no zero attention, no dropout.
+    /// embed_dim`, `num_kv_heads = num_heads`, biases on, no `bias_kv`, no zero attention, no
+    /// dropout.
     pub fn new(embed_dim: usize, num_heads: usize) -> Self {
         Self {
             embed_dim,
             num_heads,
+            num_kv_heads: num_heads,
             kdim: embed_dim,
             vdim: embed_dim,
             bias: true,
@@ -60,6 +71,13 @@ impl MultiHeadAttentionConfig {
             add_bias_kv: info.add_bias_kv,
             ..Self::new(info.embed_dim, num_heads)
         }
+    }
+
+    /// Sets the number of key/value heads (grouped-query attention when below `num_heads`,
+    /// multi-query for 1); it must divide `num_heads`.
+    pub fn with_num_kv_heads(mut self, num_kv_heads: usize) -> Self {
+        self.num_kv_heads = num_kv_heads;
+        self
     }
 
     /// Sets the key input size.
@@ -103,7 +121,14 @@ impl MultiHeadAttentionConfig {
         self.embed_dim.checked_div(self.num_heads).unwrap_or(0)
     }
 
-    /// Checks the sizes: all positive, `num_heads` divides `embed_dim`, dropout in `[0, 1)`.
+    /// `num_kv_heads * head_dim`: the output size of the key and value projections (`E`
+    /// without grouped-query attention).
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim()
+    }
+
+    /// Checks the sizes: all positive, `num_heads` divides `embed_dim`, `num_kv_heads` divides
+    /// `num_heads`, dropout in `[0, 1)`.
     pub fn validate(&self) -> candle::Result<()> {
         if self.num_heads == 0 {
             candle::bail!("num_heads must be at least 1, got 0")
@@ -115,6 +140,20 @@ impl MultiHeadAttentionConfig {
             candle::bail!(
                 "embed_dim {} is not divisible by num_heads {}: each head needs embed_dim / num_heads features",
                 self.embed_dim,
+                self.num_heads
+            )
+        }
+        if self.num_kv_heads == 0 || !self.num_heads.is_multiple_of(self.num_kv_heads) {
+            candle::bail!(
+                "num_heads {} is not a multiple of num_kv_heads {}: grouped-query attention shares each key/value head among num_heads / num_kv_heads query heads",
+                self.num_heads,
+                self.num_kv_heads
+            )
+        }
+        if self.num_kv_heads != self.num_heads && (self.add_bias_kv || self.add_zero_attn) {
+            candle::bail!(
+                "add_bias_kv and add_zero_attn (torch nn.MultiheadAttention options) are not supported with grouped-query attention: num_kv_heads {} != num_heads {}",
+                self.num_kv_heads,
                 self.num_heads
             )
         }
@@ -185,9 +224,12 @@ impl MultiHeadAttention {
     /// Loads the projections under `vb`'s prefix, detecting the name layout (torch fused,
     /// torch separate or Hugging Face; see [`crate::weights`]).
     ///
-    /// The weights must agree with `cfg`: shapes are checked (errors give both shapes), and
-    /// biases or `bias_k`/`bias_v` present in the file but off in `cfg` (or the reverse) are an
-    /// error rather than silently ignored.
+    /// The weights must agree with `cfg`: shapes are checked (errors give both shapes; the key
+    /// and value projections have `cfg.kv_dim()` outputs), and biases or `bias_k`/`bias_v`
+    /// present in the file but off in `cfg` (or the reverse) are an error rather than silently
+    /// ignored. In the Hugging Face layout, `cfg.bias` means "some projections have a bias":
+    /// each missing one of `q_proj.bias`, `k_proj.bias`, `v_proj.bias`, `out_proj.bias` is a
+    /// zero bias (Whisper's attention has no `k_proj.bias`).
     pub fn load(cfg: MultiHeadAttentionConfig, vb: VarBuilder) -> candle::Result<Self> {
         cfg.validate()?;
         let prefix = vb.prefix();
@@ -202,14 +244,25 @@ impl MultiHeadAttention {
                 MhaLayout::not_found_message(&prefix)
             ))
         })?;
-        let present_bias = match layout {
-            MhaLayout::TorchFused | MhaLayout::TorchSeparate => vb.contains_tensor("in_proj_bias"),
-            MhaLayout::HuggingFace => vb.contains_tensor("q_proj.bias"),
-        } || vb.contains_tensor("out_proj.bias");
-        if present_bias != cfg.bias {
+        let bias_names: &[&str] = match layout {
+            MhaLayout::TorchFused | MhaLayout::TorchSeparate => &["in_proj_bias", "out_proj.bias"],
+            MhaLayout::HuggingFace => {
+                &["q_proj.bias", "k_proj.bias", "v_proj.bias", "out_proj.bias"]
+            }
+        };
+        let present: Vec<&str> = bias_names
+            .iter()
+            .copied()
+            .filter(|n| vb.contains_tensor(n))
+            .collect();
+        if present.is_empty() == cfg.bias {
+            let what = if present.is_empty() {
+                format!("have no projection biases ({})", bias_names.join(", "))
+            } else {
+                format!("have projection biases ({})", present.join(", "))
+            };
             candle::bail!(
-                "weights under '{prefix}' {} projection biases but the config says bias = {}",
-                if present_bias { "have" } else { "have no" },
+                "weights under '{prefix}' {what} but the config says bias = {}",
                 cfg.bias
             )
         }
@@ -227,11 +280,15 @@ impl MultiHeadAttention {
     /// Fresh weights for training, initialised as torch does: xavier-uniform input projections,
     /// zero biases, `out_proj.weight` uniform in `±1/sqrt(E)`, xavier-normal `bias_k`/`bias_v`.
     /// Tensors are named in torch's layout (fused unless `kdim`/`vdim` differ from
-    /// `embed_dim`), so a trained `VarMap` saves as a torch state dict. With a `VarBuilder`
-    /// over a `VarMap` the tensors become trainable variables.
+    /// `embed_dim`), so a trained `VarMap` saves as a torch state dict. With grouped-query
+    /// attention (`num_kv_heads < num_heads`, which torch's module lacks) they are named in
+    /// the Hugging Face layout, `k_proj.weight` `(num_kv_heads * head_dim, kdim)` and so on.
+    /// With a `VarBuilder` over a `VarMap` the tensors become trainable variables.
     pub fn new(cfg: MultiHeadAttentionConfig, vb: VarBuilder) -> candle::Result<Self> {
         cfg.validate()?;
-        let layout = if cfg.kdim == cfg.embed_dim && cfg.vdim == cfg.embed_dim {
+        let layout = if cfg.num_kv_heads != cfg.num_heads {
+            MhaLayout::HuggingFace
+        } else if cfg.kdim == cfg.embed_dim && cfg.vdim == cfg.embed_dim {
             MhaLayout::TorchFused
         } else {
             MhaLayout::TorchSeparate
@@ -241,6 +298,11 @@ impl MultiHeadAttention {
 
     /// Reads every tensor of `layout` from `vb`; when `fresh`, passes torch's initialisation as
     /// hints so that a `VarMap`-backed builder creates them.
+    ///
+    /// Shapes: the query projection is `(E, E)`, the key and value projections
+    /// `(kv, kdim)` and `(kv, vdim)` with `kv = num_kv_heads * head_dim` (`E` without
+    /// grouped-query attention); torch's fused `in_proj_weight` is `(E + 2 kv, E)` and
+    /// `in_proj_bias` `(E + 2 kv)`.
     fn build(
         cfg: MultiHeadAttentionConfig,
         layout: MhaLayout,
@@ -253,12 +315,24 @@ impl MultiHeadAttention {
             }
         }
         let e = cfg.embed_dim;
+        let kv = cfg.kv_dim();
         let xavier = |fan_out: usize, fan_in: usize| {
             let bound = (6.0 / (fan_in + fan_out) as f64).sqrt();
             Init::Uniform {
                 lo: -bound,
                 up: bound,
             }
+        };
+        // A shape error on a key/value tensor says what size grouped-query attention expects.
+        let kv_context = |err: candle::Error| -> candle::Error {
+            if kv == e && cfg.num_kv_heads == cfg.num_heads {
+                return err;
+            }
+            candle::Error::Msg(format!(
+                "{err} (key/value projections have num_kv_heads {} × head_dim {} = {kv} outputs, query projection {e})",
+                cfg.num_kv_heads,
+                cfg.head_dim()
+            ))
         };
         let get = |shape: (usize, usize), name: &str, hint: Init| -> candle::Result<Tensor> {
             if fresh {
@@ -274,7 +348,8 @@ impl MultiHeadAttention {
                 vb.get(len, name)
             }
         };
-        // The input projections, with the fused (3E, E) weight and (3E) bias when there is one.
+        let fused_rows = e + 2 * kv;
+        // The input projections, with the fused (E + 2kv, E) weight and bias when there is one.
         let (q_w, k_w, v_w, fused_w) = match layout {
             MhaLayout::TorchFused => {
                 if cfg.kdim != e || cfg.vdim != e {
@@ -285,49 +360,58 @@ impl MultiHeadAttention {
                         cfg.vdim
                     )
                 }
-                let w = get((3 * e, e), "in_proj_weight", xavier(3 * e, e))?;
+                let w = get((fused_rows, e), "in_proj_weight", xavier(fused_rows, e))
+                    .map_err(kv_context)?;
                 (
                     w.narrow(0, 0, e)?,
-                    w.narrow(0, e, e)?,
-                    w.narrow(0, 2 * e, e)?,
+                    w.narrow(0, e, kv)?,
+                    w.narrow(0, e + kv, kv)?,
                     Some(w),
                 )
             }
             MhaLayout::TorchSeparate => (
                 get((e, e), "q_proj_weight", xavier(e, e))?,
-                get((e, cfg.kdim), "k_proj_weight", xavier(e, cfg.kdim))?,
-                get((e, cfg.vdim), "v_proj_weight", xavier(e, cfg.vdim))?,
+                get((kv, cfg.kdim), "k_proj_weight", xavier(kv, cfg.kdim)).map_err(kv_context)?,
+                get((kv, cfg.vdim), "v_proj_weight", xavier(kv, cfg.vdim)).map_err(kv_context)?,
                 None,
             ),
             MhaLayout::HuggingFace => (
                 get((e, e), "q_proj.weight", xavier(e, e))?,
-                get((e, cfg.kdim), "k_proj.weight", xavier(e, cfg.kdim))?,
-                get((e, cfg.vdim), "v_proj.weight", xavier(e, cfg.vdim))?,
+                get((kv, cfg.kdim), "k_proj.weight", xavier(kv, cfg.kdim)).map_err(kv_context)?,
+                get((kv, cfg.vdim), "v_proj.weight", xavier(kv, cfg.vdim)).map_err(kv_context)?,
                 None,
             ),
         };
+        // Hugging Face layouts may carry some biases only (Whisper: no `k_proj.bias`); a
+        // missing one is a zero bias. `load` has checked that at least one is there.
+        let has_bias = |name: &str| cfg.bias && (fresh || vb.contains_tensor(name));
         let (q_b, k_b, v_b, fused_b) = if !cfg.bias {
             (None, None, None, None)
         } else {
             match layout {
                 MhaLayout::TorchFused | MhaLayout::TorchSeparate => {
-                    let b = get_vec(3 * e, "in_proj_bias")?;
+                    let b = get_vec(fused_rows, "in_proj_bias").map_err(kv_context)?;
                     (
                         Some(b.narrow(0, 0, e)?),
-                        Some(b.narrow(0, e, e)?),
-                        Some(b.narrow(0, 2 * e, e)?),
+                        Some(b.narrow(0, e, kv)?),
+                        Some(b.narrow(0, e + kv, kv)?),
                         Some(b),
                     )
                 }
-                MhaLayout::HuggingFace => (
-                    Some(get_vec(e, "q_proj.bias")?),
-                    Some(get_vec(e, "k_proj.bias")?),
-                    Some(get_vec(e, "v_proj.bias")?),
-                    None,
-                ),
+                MhaLayout::HuggingFace => {
+                    let opt = |len: usize, name: &str| -> candle::Result<Option<Tensor>> {
+                        has_bias(name).then(|| get_vec(len, name)).transpose()
+                    };
+                    (
+                        opt(e, "q_proj.bias")?,
+                        opt(kv, "k_proj.bias").map_err(kv_context)?,
+                        opt(kv, "v_proj.bias").map_err(kv_context)?,
+                        None,
+                    )
+                }
             }
         };
-        let square = cfg.kdim == e && cfg.vdim == e;
+        let same_inputs = cfg.kdim == e && cfg.vdim == e;
         // Separate tensors are concatenated into one fused weight only when they are
         // constants: a copy of a `Var` would not see its training updates.
         let constants = [&q_w, &k_w, &v_w]
@@ -335,14 +419,23 @@ impl MultiHeadAttention {
             .chain([&q_b, &k_b, &v_b].into_iter().flatten())
             .all(|t| !t.track_op());
         let fused = match (fused_w, fused_b) {
-            (Some(w), b) if square && (b.is_some() || !cfg.bias) => Some((w, b)),
-            _ if square && constants => Some((
-                Tensor::cat(&[&q_w, &k_w, &v_w], 0)?,
-                match (&q_b, &k_b, &v_b) {
-                    (Some(q), Some(k), Some(v)) => Some(Tensor::cat(&[q, k, v], 0)?),
-                    _ => None,
-                },
-            )),
+            (Some(w), b) if same_inputs && (b.is_some() || !cfg.bias) => Some((w, b)),
+            _ if same_inputs && constants => {
+                let bias = if [&q_b, &k_b, &v_b].iter().all(|b| b.is_none()) {
+                    None
+                } else {
+                    // A missing bias of a partial set is zeros in the fused one.
+                    let part = |b: &Option<Tensor>, len: usize| match b {
+                        Some(b) => Ok(b.clone()),
+                        None => Tensor::zeros(len, q_w.dtype(), q_w.device()),
+                    };
+                    Some(Tensor::cat(
+                        &[&part(&q_b, e)?, &part(&k_b, kv)?, &part(&v_b, kv)?],
+                        0,
+                    )?)
+                };
+                Some((Tensor::cat(&[&q_w, &k_w, &v_w], 0)?, bias))
+            }
             _ => None,
         };
         let (q_proj, k_proj, v_proj, qkv_proj, kv_proj) = match fused {
@@ -350,10 +443,10 @@ impl MultiHeadAttention {
                 let qkv = Projection::new(&w, b)?;
                 (
                     qkv.narrow_outputs(0, e)?,
-                    qkv.narrow_outputs(e, e)?,
-                    qkv.narrow_outputs(2 * e, e)?,
+                    qkv.narrow_outputs(e, kv)?,
+                    qkv.narrow_outputs(e + kv, kv)?,
                     Some(qkv.clone()),
-                    Some(qkv.narrow_outputs(e, 2 * e)?),
+                    Some(qkv.narrow_outputs(e, 2 * kv)?),
                 )
             }
             None => (
@@ -373,7 +466,12 @@ impl MultiHeadAttention {
                 up: out_bound,
             },
         )?;
-        let out_b = cfg.bias.then(|| get_vec(e, "out_proj.bias")).transpose()?;
+        let out_b = match layout {
+            MhaLayout::HuggingFace => has_bias("out_proj.bias"),
+            MhaLayout::TorchFused | MhaLayout::TorchSeparate => cfg.bias,
+        }
+        .then(|| get_vec(e, "out_proj.bias"))
+        .transpose()?;
         let bias_kv = if cfg.add_bias_kv {
             let hint = Init::Randn {
                 mean: 0.0,
@@ -571,7 +669,12 @@ impl MultiHeadAttention {
         // Self-attention (one tensor passed three times) projects it once.
         let (q, k, v) = match &self.qkv_proj {
             Some(qkv) if query_in.id() == key_in.id() && key_in.id() == value_in.id() => {
-                let [q, k, v] = self.split_fused::<3>(&qkv.forward(&query)?)?;
+                let heads = [
+                    self.cfg.num_heads,
+                    self.cfg.num_kv_heads,
+                    self.cfg.num_kv_heads,
+                ];
+                let [q, k, v] = self.split_fused(&qkv.forward(&query)?, heads)?;
                 (q, k, v)
             }
             _ => {
@@ -595,24 +698,30 @@ impl MultiHeadAttention {
         Ok(AttentionOutput { output, weights })
     }
 
-    /// `(B, N, E)` → `(B, H, N, head_dim)`.
+    /// `(B, N, heads · head_dim)` → `(B, heads, N, head_dim)`.
     /// A strided view, not a copy: the tiled kernel reads it in place and the naive one makes
     /// its own contiguous copy.
-    fn split_heads(&self, t: &Tensor) -> candle::Result<Tensor> {
+    fn split_heads(&self, t: &Tensor, heads: usize) -> candle::Result<Tensor> {
         let (b, n, _) = t.dims3()?;
-        t.reshape((b, n, self.cfg.num_heads, self.cfg.head_dim()))?
+        t.reshape((b, n, heads, self.cfg.head_dim()))?
             .transpose(1, 2)
     }
 
-    /// `(B, N, C · E)`, the output of a fused projection, → `C` tensors `(B, H, N, head_dim)`:
-    /// strided views of it, no copies.
-    fn split_fused<const C: usize>(&self, t: &Tensor) -> candle::Result<[Tensor; C]> {
+    /// `(B, N, Σ heads · head_dim)`, the output of a fused projection, → one
+    /// `(B, heads[i], N, head_dim)` tensor per part: strided views of it, no copies.
+    fn split_fused<const C: usize>(
+        &self,
+        t: &Tensor,
+        heads: [usize; C],
+    ) -> candle::Result<[Tensor; C]> {
         let (b, n, _) = t.dims3()?;
-        let (h, hd) = (self.cfg.num_heads, self.cfg.head_dim());
-        let t = t.reshape((b, n, C, h, hd))?;
+        let total: usize = heads.iter().sum();
+        let t = t.reshape((b, n, total, self.cfg.head_dim()))?;
         let mut parts = Vec::with_capacity(C);
-        for i in 0..C {
-            parts.push(t.narrow(2, i, 1)?.squeeze(2)?.transpose(1, 2)?);
+        let mut start = 0;
+        for h in heads {
+            parts.push(t.narrow(2, start, h)?.transpose(1, 2)?);
+            start += h;
         }
         Ok(parts
             .try_into()
@@ -621,11 +730,12 @@ impl MultiHeadAttention {
 
     /// Projects queries `(B, L, E)` and splits the heads: `(B, H, L, head_dim)`.
     pub fn project_query(&self, query: &Tensor) -> candle::Result<Tensor> {
-        self.split_heads(&self.q_proj.forward(query)?)
+        self.split_heads(&self.q_proj.forward(query)?, self.cfg.num_heads)
     }
 
     /// Projects keys `(B, S, kdim)` and values `(B, S, vdim)` and splits the heads: two
-    /// `(B, H, S, head_dim)` tensors. This is what a KV cache stores: `bias_k`/`bias_v` and the
+    /// `(B, Hkv, S, head_dim)` tensors (`Hkv = num_kv_heads`, which is `H` without
+    /// grouped-query attention). This is what a KV cache stores: `bias_k`/`bias_v` and the
     /// zero attention key are not included (they are appended by
     /// [`MultiHeadAttention::attend_projected`]).
     pub fn project_key_value(
@@ -633,23 +743,25 @@ impl MultiHeadAttention {
         key: &Tensor,
         value: &Tensor,
     ) -> candle::Result<(Tensor, Tensor)> {
+        let hkv = self.cfg.num_kv_heads;
         if let Some(kv) = &self.kv_proj {
             // Encoder-decoder attention passes the memory as both: one product for both.
             if key.id() == value.id() {
-                let [k, v] = self.split_fused::<2>(&kv.forward(key)?)?;
+                let [k, v] = self.split_fused(&kv.forward(key)?, [hkv, hkv])?;
                 return Ok((k, v));
             }
         }
         Ok((
-            self.split_heads(&self.k_proj.forward(key)?)?,
-            self.split_heads(&self.v_proj.forward(value)?)?,
+            self.split_heads(&self.k_proj.forward(key)?, hkv)?,
+            self.split_heads(&self.v_proj.forward(value)?, hkv)?,
         ))
     }
 
     /// Attention over already projected heads, then the output projection.
     ///
     /// * `q` `(B, H, L, head_dim)` from [`MultiHeadAttention::project_query`]; `k`, `v`
-    ///   `(B, H, S, head_dim)` from [`MultiHeadAttention::project_key_value`] (e.g. a KV cache).
+    ///   `(B, Hkv, S, head_dim)` from [`MultiHeadAttention::project_key_value`] (e.g. a KV
+    ///   cache).
     /// * Masks are resolved against the `S` keys given (key padding `(B, S)`); `bias_k`/`bias_v`
     ///   and the zero key are appended here, visible to every query.
     /// * Returns `output` `(B, L, E)` and, if requested, the weights `(B, L, S')` averaged or

@@ -21,15 +21,21 @@ fn paper_block() -> MultiHeadAttention {
     .unwrap()
 }
 
+/// Largest `|x|`, NaN if any entry is NaN (candle's `max` and `f32::max` skip NaN, which would
+/// let `max_abs(..) == 0.0` or `<= bound` pass on a NaN tensor).
 fn max_abs(t: &Tensor) -> f32 {
-    t.abs()
+    t.flatten_all()
         .unwrap()
-        .flatten_all()
+        .to_vec1::<f32>()
         .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar()
-        .unwrap()
+        .into_iter()
+        .fold(0f32, |m, x| {
+            if x.is_nan() || m.is_nan() {
+                f32::NAN
+            } else {
+                m.max(x.abs())
+            }
+        })
 }
 
 #[test]

@@ -62,17 +62,23 @@ fn ids(lengths: &[usize], vocab: u32, seed: u64, first: Option<u32>) -> Tensor {
     Tensor::from_vec(rows, (lengths.len(), max), &Device::Cpu).unwrap()
 }
 
+/// Largest `|a - b|`, NaN if any difference is NaN (candle's `max` skips NaN, which would let
+/// `max_abs_diff(..) < tol` pass on NaN outputs).
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
     (a - b)
         .unwrap()
-        .abs()
-        .unwrap()
         .flatten_all()
         .unwrap()
-        .max(D::Minus1)
+        .to_vec1::<f32>()
         .unwrap()
-        .to_scalar()
-        .unwrap()
+        .into_iter()
+        .fold(0f32, |m, x| {
+            if x.is_nan() || m.is_nan() {
+                f32::NAN
+            } else {
+                m.max(x.abs())
+            }
+        })
 }
 
 proptest! {

@@ -27,8 +27,9 @@ pub const MAX_QUERIES: usize = 4;
 /// Keys per task at least (smaller chunks cost more in merging than they gain).
 const MIN_CHUNK: usize = 512;
 
-/// Attention of `q` `(B, H, L, D)` (meant for small `L`, any `L` works) over `k` `(B, H, S, D)`
-/// and `v` `(B, H, S, Dv)`, CPU tensors of one dtype (`f32`, `f16`, `bf16`); returns
+/// Attention of `q` `(B, H, L, D)` (meant for small `L`, any `L` works) over `k`
+/// `(B, Hkv, S, D)` and `v` `(B, Hkv, S, Dv)` (`Hkv` dividing `H`: grouped-query attention,
+/// K/V read in place), CPU tensors of one dtype (`f32`, `f16`, `bf16`); returns
 /// `(B, H, L, Dv)` in the input dtype. `mask` comes from [`crate::Mask::decompose`].
 pub fn attention(
     q: &Tensor,
@@ -41,7 +42,7 @@ pub fn attention(
 }
 
 /// [`attention`] with a [`TiledConfig`] (`block_k` and `force_portable` are honoured):
-/// `q` `(B, H, L, D)`, `k` `(B, H, S, D)`, `v` `(B, H, S, Dv)` → `(B, H, L, Dv)`.
+/// `q` `(B, H, L, D)`, `k` `(B, Hkv, S, D)`, `v` `(B, Hkv, S, Dv)` → `(B, H, L, Dv)`.
 /// More than 256 queries take the plain tiled kernel.
 pub fn attention_with(
     q: &Tensor,

@@ -145,3 +145,84 @@ fn kernels_match_the_reference_under_causal_masks_and_padding() {
     // Every key padded: all rows fully masked, zeros.
     check(5, 16, 8, None, 0);
 }
+
+/// Grouped-query attention: 4 query heads over 2 key/value heads (and 3 over 1), strided
+/// key/value heads read in place; each query head `h` must use key/value head `h / group`.
+#[test]
+fn kernels_pick_the_key_value_head_of_each_query_group() {
+    let dev = Device::Cpu;
+    for (h, hkv, l, s, d) in [(4, 2, 3, 20, 8), (3, 1, BQ + 1, 17, 4), (4, 2, 5, 16, 3)] {
+        let (qv, kv, vv) = (
+            values(h * l * d, 0.5),
+            values(hkv * s * d, 1.5),
+            values(hkv * s * d, 2.5),
+        );
+        let q = Tensor::from_vec(qv.clone(), (1, h, l, d), &dev).unwrap();
+        let k = Tensor::from_vec(kv.clone(), (1, hkv, s, d), &dev).unwrap();
+        let v = Tensor::from_vec(vv.clone(), (1, hkv, s, d), &dev).unwrap();
+        let shape = AttentionShape {
+            batch: 1,
+            heads: h,
+            q_len: l,
+            k_len: s,
+        };
+        let parts = Mask::causal_with_offset(s.saturating_sub(l))
+            .decompose(shape, &dev)
+            .unwrap();
+        let scale = 1.0 / (d as f64).sqrt();
+        let bias = |i: usize, j: usize| {
+            if j > i + s.saturating_sub(l) {
+                f64::NEG_INFINITY
+            } else {
+                0.0
+            }
+        };
+        let group = h / hkv;
+        let want: Vec<f32> = (0..h)
+            .flat_map(|hh| {
+                let g = hh / group;
+                reference(
+                    &qv[hh * l * d..(hh + 1) * l * d],
+                    &kv[g * s * d..(g + 1) * s * d],
+                    &vv[g * s * d..(g + 1) * s * d],
+                    &bias,
+                    l,
+                    s,
+                    d,
+                    scale,
+                )
+            })
+            .collect();
+        for force_portable in [false, true] {
+            let cfg = TiledConfig {
+                block_k: 16,
+                force_portable,
+                blocks_per_task: None,
+            };
+            for (name, got) in [
+                (
+                    "tiled",
+                    tiled::attention_with(&q, &k, &v, &parts, scale, &cfg),
+                ),
+                (
+                    "decode",
+                    decode::attention_with(&q, &k, &v, &parts, scale, &cfg),
+                ),
+            ] {
+                let got = got
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap();
+                for (idx, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                        "{name} (portable {force_portable}) h {h} hkv {hkv} l {l} s {s}: \
+                         element {idx} is {g}, want {w}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -17,7 +17,16 @@
 //! ## Fully masked rows
 //! A query whose keys are all blocked (every score `-inf`) has no defined softmax. We define
 //! its attention weights as zeros and so its output row as zeros (torch gives NaN on its
-//! weights path and zeros on its fused path). Nothing here ever turns a mask into NaN.
+//! weights path and zeros on its fused path). Nothing here ever turns a mask into NaN, in the
+//! forward pass or the backward one: such a row passes a zero gradient to the queries, keys,
+//! values and mask (the naive path softmaxes a neutral row there and zeroes it afterwards,
+//! instead of computing `-inf - (-inf)`).
+//!
+//! ## Grouped-query attention
+//! Keys and values may have fewer heads `Hkv` than the queries `H` when `Hkv` divides `H`
+//! (GQA; MQA for `Hkv = 1`): query head `h` uses key/value head `h / (H / Hkv)`. The naive path
+//! groups the query heads of one key/value head into one matrix product; the tiled and decode
+//! kernels pick the key/value head per task. Neither copies K or V per query head.
 //!
 //! ## Precision
 //! For `f16`/`bf16` inputs, scores, softmax and the weighted sum are computed in `f32` and the
@@ -61,8 +70,12 @@ pub struct AttentionOutput {
 
 /// Scaled dot-product attention on `(batch, heads, seq, head_dim)` tensors.
 ///
-/// * `q`: `(B, H, L, D)`, `k`: `(B, H, S, D)`, `v`: `(B, H, S, Dv)`, all of one dtype
+/// * `q`: `(B, H, L, D)`, `k`: `(B, Hkv, S, D)`, `v`: `(B, Hkv, S, Dv)`, all of one dtype
 ///   (`f32`, `f64`, `f16` or `bf16`) on one device.
+/// * `Hkv` may be smaller than `H` when it divides it: grouped-query attention (multi-query
+///   for `Hkv = 1`), as torch's `enable_gqa=True`. Query head `h` attends with key/value
+///   head `h / (H / Hkv)`; the CPU kernels read that head in place (K and V are never
+///   repeated per query head). Masks with a heads dimension refer to the `H` query heads.
 /// * Returns `output` `(B, H, L, Dv)` in the input dtype and, if `args.need_weights`, the
 ///   weights `(B, H, L, S)`.
 ///
@@ -139,7 +152,8 @@ pub fn naive_attention_bytes(shape: AttentionShape) -> u64 {
         .fold(1u64, |acc, &x| acc.saturating_mul(x as u64))
 }
 
-/// Checks ranks, sizes, dtypes and devices of `q`, `k`, `v`; returns `(B, H, L, S)`.
+/// Checks ranks, sizes, dtypes and devices of `q`, `k`, `v` (`Hkv` key/value heads must divide
+/// the `H` query heads); returns `(B, H, L, S)`.
 pub(crate) fn check_qkv(q: &Tensor, k: &Tensor, v: &Tensor) -> candle::Result<AttentionShape> {
     for (name, t) in [("query", q), ("key", k), ("value", v)] {
         if t.rank() != 4 {
@@ -155,9 +169,25 @@ pub(crate) fn check_qkv(q: &Tensor, k: &Tensor, v: &Tensor) -> candle::Result<At
     let (b, h, l, d) = q.dims4()?;
     let (kb, kh, s, kd) = k.dims4()?;
     let (vb, vh, vs, _) = v.dims4()?;
-    if (kb, kh) != (b, h) || (vb, vh) != (b, h) {
+    if kb != b || vb != b {
         candle::bail!(
-            "query, key and value must agree on (batch, heads): query {:?}, key {:?}, value {:?}",
+            "query, key and value must agree on the batch size: query {:?}, key {:?}, value {:?}",
+            q.dims(),
+            k.dims(),
+            v.dims()
+        )
+    }
+    if vh != kh {
+        candle::bail!(
+            "key and value must have the same number of heads: key {:?}, value {:?}",
+            k.dims(),
+            v.dims()
+        )
+    }
+    if kh == 0 || !h.is_multiple_of(kh) {
+        candle::bail!(
+            "the {h} query heads must be a multiple of the {kh} key/value heads (grouped-query \
+             attention shares each key/value head among H / Hkv query heads): query {:?}, key {:?}, value {:?}",
             q.dims(),
             k.dims(),
             v.dims()

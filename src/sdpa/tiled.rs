@@ -113,8 +113,9 @@ impl Isa {
     }
 }
 
-/// Tiled attention of `q` `(B, H, L, D)`, `k` `(B, H, S, D)`, `v` `(B, H, S, Dv)` (CPU tensors
-/// of one dtype: `f32`, `f16` or `bf16`) under `mask`, with scores scaled by `scale`.
+/// Tiled attention of `q` `(B, H, L, D)`, `k` `(B, Hkv, S, D)`, `v` `(B, Hkv, S, Dv)` (CPU
+/// tensors of one dtype: `f32`, `f16` or `bf16`; `Hkv` divides `H`, query head `h` uses
+/// key/value head `h / (H / Hkv)`) under `mask`, with scores scaled by `scale`.
 /// Returns the output `(B, H, L, Dv)` in the input dtype. No weights, no autograd.
 ///
 /// `mask` comes from [`crate::Mask::decompose`] for the same `(B, H, L, S)`.
@@ -128,8 +129,8 @@ pub fn attention(
     attention_with(q, k, v, mask, scale, &TiledConfig::default())
 }
 
-/// [`attention`] with explicit [`TiledConfig`]: `q` `(B, H, L, D)`, `k` `(B, H, S, D)`,
-/// `v` `(B, H, S, Dv)` → `(B, H, L, Dv)`.
+/// [`attention`] with explicit [`TiledConfig`]: `q` `(B, H, L, D)`, `k` `(B, Hkv, S, D)`,
+/// `v` `(B, Hkv, S, Dv)` → `(B, H, L, Dv)`.
 pub fn attention_with(
     q: &Tensor,
     k: &Tensor,
@@ -164,11 +165,12 @@ pub(crate) struct Prepared {
     dims: Dims,
 }
 
-/// `(B, H, L, S, D, Dv)`.
+/// `(B, H, L, S, D, Dv)` and the key/value heads `Hkv` (dividing `H`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Dims {
     pub b: usize,
     pub h: usize,
+    pub hkv: usize,
     pub l: usize,
     pub s: usize,
     pub d: usize,
@@ -285,8 +287,16 @@ impl Prepared {
             candle::bail!("attention scale must be finite, got {scale}")
         }
         let (b, h, l, d) = q.dims4()?;
-        let (s, dv) = (k.dim(2)?, v.dim(3)?);
-        let dims = Dims { b, h, l, s, d, dv };
+        let (hkv, s, dv) = (k.dim(1)?, k.dim(2)?, v.dim(3)?);
+        let dims = Dims {
+            b,
+            h,
+            hkv,
+            l,
+            s,
+            d,
+            dv,
+        };
         let key_bias = match &mask.key_bias {
             None => None,
             Some(kb) => {
@@ -593,8 +603,11 @@ pub(crate) unsafe fn query_group(
             alpha,
         });
     }
-    let k = inp.k.head(b, h);
-    let v = inp.v.head(b, h);
+    // Grouped-query attention: the H / Hkv consecutive query heads of a group share one
+    // key/value head, read in place (never repeated per query head).
+    let kv_head = h / (inp.dims.h / inp.dims.hkv);
+    let k = inp.k.head(b, kv_head);
+    let v = inp.v.head(b, kv_head);
     let (ksr, vsr) = (inp.k.sr, inp.v.sr);
     let kb_row = inp
         .key_bias
