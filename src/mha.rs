@@ -513,7 +513,7 @@ impl MultiHeadAttention {
         let e = cfg.embed_dim;
         let prefix = vb.prefix();
         let full = |n: &str| crate::weights::join_name(&prefix, n);
-        if cfg.add_bias_kv {
+        if cfg.add_bias_kv || cfg.num_kv_heads != cfg.num_heads {
             return Ok(None);
         }
         let Some(out_w) = mapped_matrix(&full("out_proj.weight"), e, e) else {
@@ -536,12 +536,14 @@ impl MultiHeadAttention {
             }
             MhaLayout::TorchSeparate => return Ok(None),
             MhaLayout::HuggingFace => {
+                // Per-projection biases (Whisper has no `k_proj.bias`), as `build` reads them.
                 let get = |name: &str, cols: usize| -> candle::Result<Option<Projection>> {
+                    let bias_name = format!("{name}.bias");
+                    let b = (cfg.bias && vb.contains_tensor(&bias_name))
+                        .then(|| vb.get(e, &bias_name))
+                        .transpose()?;
                     match mapped_matrix(&full(&format!("{name}.weight")), e, cols) {
-                        Some(w) => Ok(Some(Projection::from_mapped(
-                            w,
-                            bias(e, &format!("{name}.bias"))?,
-                        )?)),
+                        Some(w) => Ok(Some(Projection::from_mapped(w, b)?)),
                         None => Ok(None),
                     }
                 };
@@ -559,7 +561,13 @@ impl MultiHeadAttention {
             q_proj,
             k_proj,
             v_proj,
-            out_proj: Projection::from_mapped(out_w, bias(e, "out_proj.bias")?)?,
+            out_proj: Projection::from_mapped(
+                out_w,
+                match layout {
+                    MhaLayout::HuggingFace if !vb.contains_tensor("out_proj.bias") => None,
+                    _ => bias(e, "out_proj.bias")?,
+                },
+            )?,
             qkv_proj,
             kv_proj,
             bias_kv: None,

@@ -151,7 +151,12 @@ fn generate_matches_transformers_token_for_token() {
                 .collect();
             let width = case["source_width"].as_u64().unwrap() as usize;
             let index = Tensor::new(rows.as_slice(), &Device::Cpu).unwrap();
-            let pick = |t: Tensor| t.index_select(&index, 0).unwrap().narrow(1, 0, width).unwrap();
+            let pick = |t: Tensor| {
+                t.index_select(&index, 0)
+                    .unwrap()
+                    .narrow(1, 0, width)
+                    .unwrap()
+            };
             let mask = pick(ids(&inputs, "attention_mask"));
             let input_ids = pick(ids(&inputs, "input_ids"));
             let state = model.start(&input_ids, &mask).unwrap();
@@ -177,7 +182,10 @@ fn generate_matches_transformers_token_for_token() {
             }
         }
     }
-    println!("generate(): {cases_run} cases, {} mismatches", mismatches.len());
+    println!(
+        "generate(): {cases_run} cases, {} mismatches",
+        mismatches.len()
+    );
     assert!(cases_run >= 50, "only {cases_run} cases found");
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
 }
