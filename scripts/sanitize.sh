@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Checks the unsafe code (the SIMD attention kernels in src/sdpa/, the projection GEMM in
-# src/projection/) with the two tools that run here, on the nightly toolchain:
+# src/projection/, the masked loads/stores and scratch they share in src/simd/) with the two
+# tools that run here, on the nightly toolchain:
 #
 #   1. Miri: the kernel unit tests (src/sdpa/kernel_tests.rs, shapes at every block edge, and
-#      the GEMM's in src/projection/gemm.rs) through the safe wrappers. Miri reports no SIMD features, so this runs the portable
+#      the GEMM's in src/projection/gemm.rs, the scratch buffer's in src/simd/scratch.rs) through
+#      the safe wrappers. Miri reports no SIMD features, so this runs the portable
 #      kernels and every slice/index computation around them, with Stacked Borrows checks.
 #   2. AddressSanitizer: the same unit tests plus the tiled-vs-naive property tests, the
 #      projection tests and the hostile-input table, natively, so the AVX-512 (or AVX2) kernels run with every load
@@ -24,7 +26,7 @@ if [[ $what == miri || $what == all ]]; then
   # Permissive provenance: crossbeam casts integers to pointers. Isolation off: the clock.
   # Ignore leaks: rayon's global pool threads are still parked when the tests end.
   MIRIFLAGS="-Zmiri-tree-borrows -Zmiri-permissive-provenance -Zmiri-disable-isolation -Zmiri-ignore-leaks" \
-    cargo +nightly miri test --lib -- sdpa::kernel_tests projection::gemm
+    cargo +nightly miri test -p candle-attention --lib -- sdpa::kernel_tests projection::gemm simd::
 fi
 
 if [[ $what == asan || $what == all ]]; then
@@ -32,6 +34,6 @@ if [[ $what == asan || $what == all ]]; then
   # std is rebuilt with the sanitizer too (-Zbuild-std), so every allocation is tracked.
   RUSTFLAGS="-Zsanitizer=address" RUSTDOCFLAGS="-Zsanitizer=address" \
   ASAN_OPTIONS="detect_leaks=0" CARGO_TARGET_DIR=target/asan \
-    cargo +nightly test -Zbuild-std --target "$target" \
+    cargo +nightly test -Zbuild-std --target "$target" -p candle-attention \
       --lib --test tiled_props --test projection --test hostile_inputs -- --test-threads 2
 fi

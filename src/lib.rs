@@ -58,6 +58,7 @@ pub mod mask;
 pub mod mha;
 pub mod projection;
 pub mod sdpa;
+mod simd;
 pub mod torch_io;
 pub mod transformer;
 pub mod translate;

@@ -1,9 +1,15 @@
 //! Reading safetensors files and recognising attention weight layouts.
 //!
-//! [`TensorFile`] reads a whole `.safetensors` file into memory (validated by the
-//! `safetensors` crate: header length, offsets, sizes), loads any tensor on any device,
-//! including torch's `BOOL` tensors that candle's own loader refuses, and serves as a
-//! [`VarBuilder`] backend whose errors list the tensors that do exist.
+//! [`TensorFile`] memory-maps a `.safetensors` file (falling back to reading it where mapping
+//! is not possible), validates it with the `safetensors` crate (header length, offsets,
+//! sizes), loads any tensor on any device, including torch's `BOOL` tensors that candle's own
+//! loader refuses, and serves as a [`VarBuilder`] backend whose errors list the tensors that do
+//! exist. Only the tensors asked for are copied out of the mapping, so loading a checkpoint
+//! takes its tensors' memory once, not the file's twice.
+//!
+//! Everywhere this crate takes a [`VarBuilder`], candle's own
+//! `VarBuilder::from_mmaped_safetensors` works as well (it cannot read `BOOL` tensors, which
+//! only masks and inputs use).
 //!
 //! [`MhaLayout`] and [`MhaWeightsInfo`] recognise the three ways attention projections are
 //! named:
@@ -42,17 +48,40 @@ impl TensorSummary {
     }
 }
 
+/// The bytes of a safetensors file, wherever they live.
+enum Bytes {
+    /// A read-only memory map of the file ([`TensorFile::open`]).
+    Mapped(memmap2::Mmap),
+    /// Read into memory (mapping failed, or [`TensorFile::from_bytes`]).
+    Owned(Vec<u8>),
+    /// Embedded in the program ([`TensorFile::from_static`]).
+    Static(&'static [u8]),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+            Bytes::Static(s) => s,
+        }
+    }
+}
+
 struct Inner {
     /// Where the bytes came from, for error messages.
     origin: String,
-    bytes: Vec<u8>,
+    bytes: Bytes,
     /// Offset of the data section (8 + header length).
     data_start: usize,
     /// Sorted by name.
     infos: BTreeMap<String, TensorInfo>,
 }
 
-/// A validated safetensors file held in memory. Cheap to clone.
+/// A validated safetensors file: memory-mapped, read, or embedded. Cheap to clone (clones
+/// share the bytes).
 #[derive(Clone)]
 pub struct TensorFile {
     inner: Arc<Inner>,
@@ -63,23 +92,56 @@ impl std::fmt::Debug for TensorFile {
         f.debug_struct("TensorFile")
             .field("origin", &self.inner.origin)
             .field("tensors", &self.inner.infos.len())
+            .field("mapped", &self.is_mapped())
             .finish()
     }
 }
 
 impl TensorFile {
-    /// Reads and validates the file at `path`. Fails with the path and the reason for a
-    /// missing, truncated or corrupt file.
+    /// Memory-maps and validates the file at `path`; where the file cannot be mapped (an
+    /// empty file, a file system without mmap) it is read instead. Fails with the path and the
+    /// reason for a missing, truncated or corrupt file.
+    ///
+    /// The file must not be modified while the `TensorFile` (or a clone) is alive: see the
+    /// safety note in the source. Tensors loaded from it are copies and stay valid.
     pub fn open(path: impl AsRef<Path>) -> candle::Result<Self> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path)
-            .map_err(|e| candle::Error::Msg(format!("cannot read {}: {e}", path.display())))?;
-        Self::from_bytes(bytes, path.display().to_string())
+        let cannot_read =
+            |e: std::io::Error| candle::Error::Msg(format!("cannot read {}: {e}", path.display()));
+        let file = std::fs::File::open(path).map_err(cannot_read)?;
+        // SAFETY: `Mmap::map` is unsafe because the mapping aliases the file: if another
+        // process truncates or rewrites it while we hold the map, reads see the new bytes or
+        // fault (SIGBUS), which no Rust code can guard against. This is the contract every
+        // mmap-based loader has (candle's `MmapedSafetensors`, safetensors' own docs): weight
+        // files are not written while a model loads from them. Within this process the map is
+        // read-only and only ever read through `&[u8]`, and it lives in `Inner` as long as any
+        // borrowed slice of it (slices never outlive `&self`).
+        let bytes = match unsafe { memmap2::MmapOptions::new().map(&file) } {
+            Ok(map) => Bytes::Mapped(map),
+            // Zero-length files cannot be mapped on Linux; other file systems may refuse too.
+            // Reading gives the same validation and error messages.
+            Err(_) => Bytes::Owned(std::fs::read(path).map_err(cannot_read)?),
+        };
+        Self::validate(bytes, path.display().to_string())
     }
 
     /// Validates `bytes` as a safetensors file; `origin` names it in error messages.
     pub fn from_bytes(bytes: Vec<u8>, origin: impl Into<String>) -> candle::Result<Self> {
-        let origin = origin.into();
+        Self::validate(Bytes::Owned(bytes), origin.into())
+    }
+
+    /// Validates `bytes` that live for the whole program (`include_bytes!`) as a safetensors
+    /// file, without copying them; `origin` names it in error messages.
+    pub fn from_static(bytes: &'static [u8], origin: impl Into<String>) -> candle::Result<Self> {
+        Self::validate(Bytes::Static(bytes), origin.into())
+    }
+
+    /// Whether the file is memory-mapped (`false` when it was read or is embedded).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.inner.bytes, Bytes::Mapped(_))
+    }
+
+    fn validate(bytes: Bytes, origin: String) -> candle::Result<Self> {
         let (header_len, metadata) = SafeTensors::read_metadata(&bytes).map_err(|e| {
             candle::Error::Msg(format!(
                 "{origin} is not a valid safetensors file ({} bytes): {e}",
@@ -137,8 +199,10 @@ impl TensorFile {
         }
     }
 
-    /// The names that start with `prefix.` (all names for an empty prefix), sorted.
+    /// The names that start with `prefix.` (all names for an empty prefix), sorted. A trailing
+    /// dot on `prefix` is accepted ([`normalize_prefix`]).
     pub fn names_under(&self, prefix: &str) -> Vec<&str> {
+        let prefix = normalize_prefix(prefix);
         self.names()
             .into_iter()
             .filter(|n| {
@@ -342,8 +406,17 @@ impl MhaLayout {
     }
 }
 
-/// `prefix.name`, or `name` for an empty prefix.
+/// `prefix` without its trailing dots: torch's `state_dict(prefix=...)` and `load_state_dict`
+/// write module prefixes as `"encoder.layers.0.self_attn."`, candle's `VarBuilder::pp` and this
+/// crate as `"encoder.layers.0.self_attn"`; both mean the same block.
+pub fn normalize_prefix(prefix: &str) -> &str {
+    prefix.trim_end_matches('.')
+}
+
+/// `prefix.name`, or `name` for an empty prefix. A trailing dot on `prefix` is accepted
+/// ([`normalize_prefix`]).
 pub fn join_name(prefix: &str, name: &str) -> String {
+    let prefix = normalize_prefix(prefix);
     if prefix.is_empty() {
         name.to_string()
     } else {
@@ -355,7 +428,7 @@ pub fn join_name(prefix: &str, name: &str) -> String {
 /// alone (no data is loaded).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MhaWeightsInfo {
-    /// The prefix the block's tensors live under (`""` for none).
+    /// The prefix the block's tensors live under (`""` for none), without a trailing dot.
     pub prefix: String,
     /// The name layout.
     pub layout: MhaLayout,
@@ -375,8 +448,10 @@ pub struct MhaWeightsInfo {
 
 impl MhaWeightsInfo {
     /// Reads the block under `prefix` of `file`: its layout and sizes, checking that the
-    /// shapes agree with each other (errors name the tensors and their shapes).
+    /// shapes agree with each other (errors name the tensors and their shapes). `prefix` may
+    /// end with a dot, as torch writes it; [`MhaWeightsInfo::prefix`] is stored without.
     pub fn from_file(file: &TensorFile, prefix: &str) -> candle::Result<Self> {
+        let prefix = normalize_prefix(prefix);
         let name = |n: &str| join_name(prefix, n);
         let layout = MhaLayout::detect(|n| file.contains(&name(n))).ok_or_else(|| {
             candle::Error::Msg(format!(

@@ -1,5 +1,5 @@
 //! Hostile but plausible inputs, and exactly what each one gets: a table of cases run through
-//! the public API (and `attn` where the input is a file). Every row either names the error
+//! the public API (the rows that go through `attn` are in `attn-cli/tests/cli.rs`). Every row either names the error
 //! it must produce or states the defined answer it must give.
 //!
 //! | input | answer |
@@ -30,8 +30,6 @@ use candle_attention::{
     MultiHeadAttentionConfig, SdpaArgs, TensorFile,
 };
 use candle_nn::{VarBuilder, VarMap};
-use common::mha_fixtures;
-use std::process::Command;
 
 const E: usize = 8;
 const H: usize = 2;
@@ -301,48 +299,6 @@ fn f16_weights_with_f32_inputs_are_refused_by_the_library() {
 }
 
 #[test]
-fn f16_weights_file_runs_in_f32_through_the_cli() {
-    let dir = tempfile::tempdir().unwrap();
-    let fixtures = mha_fixtures();
-    let src = TensorFile::open(fixtures.join("self_default.weights.safetensors")).unwrap();
-    let half: std::collections::HashMap<String, Tensor> = src
-        .names()
-        .iter()
-        .map(|n| {
-            let t = src
-                .load(n, &Device::Cpu)
-                .unwrap()
-                .to_dtype(DType::F16)
-                .unwrap();
-            (n.to_string(), t)
-        })
-        .collect();
-    let weights = dir.path().join("half.safetensors");
-    candle::safetensors::save(&half, &weights).unwrap();
-    let output = dir.path().join("out.safetensors");
-    let status = Command::new(env!("CARGO_BIN_EXE_attn"))
-        .args([
-            "run",
-            "mha",
-            "--num-heads",
-            "4",
-            "--dtype",
-            "f32",
-            "--weights",
-        ])
-        .arg(&weights)
-        .arg("--inputs")
-        .arg(fixtures.join("self_default.inputs.safetensors"))
-        .arg("--output")
-        .arg(&output)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let out = TensorFile::open(&output).unwrap();
-    assert_eq!(out.summary("output").unwrap().dtype, "F32");
-}
-
-#[test]
 fn a_file_that_is_not_safetensors_is_named() {
     let dir = tempfile::tempdir().unwrap();
     for (name, bytes) in [
@@ -358,52 +314,6 @@ fn a_file_that_is_not_safetensors_is_named() {
         let msg = err_of(TensorFile::open(&path));
         assert_mentions(&msg, &[name, "is not a valid safetensors file"]);
     }
-}
-
-#[test]
-fn naive_attention_above_the_memory_limit_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let fixtures = mha_fixtures();
-    // L = S = 4096, one batch, 4 heads: 4 * 4096² * 12 bytes = 768 MiB of naive scores.
-    let query = Tensor::zeros((4096, 1, 16), DType::F32, &Device::Cpu).unwrap();
-    let inputs = dir.path().join("long.safetensors");
-    candle::safetensors::save(
-        &[("query".to_string(), query)].into_iter().collect(),
-        &inputs,
-    )
-    .unwrap();
-    let run = |extra: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_attn"))
-            .args(["run", "mha", "--num-heads", "4", "--weights"])
-            .arg(fixtures.join("self_default.weights.safetensors"))
-            .arg("--inputs")
-            .arg(&inputs)
-            .arg("--output")
-            .arg(dir.path().join("out.safetensors"))
-            .args(extra)
-            .output()
-            .unwrap()
-    };
-    let refused = run(&["--max-attention-memory", "0.5"]);
-    assert!(!refused.status.success());
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert_mentions(
-        &stderr,
-        &[
-            "4096 queries x 4096 keys",
-            "0.75 GiB",
-            "limit of 0.50 GiB",
-            "--no-weights",
-        ],
-    );
-    assert!(!dir.path().join("out.safetensors").exists());
-    // The memory-efficient kernel is not limited.
-    let tiled = run(&["--max-attention-memory", "0.5", "--no-weights"]);
-    assert!(
-        tiled.status.success(),
-        "{}",
-        String::from_utf8_lossy(&tiled.stderr)
-    );
 }
 
 #[test]

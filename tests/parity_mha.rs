@@ -1,6 +1,6 @@
 //! Parity with `torch.nn.MultiheadAttention` on the committed fixtures
-//! (`tests/fixtures/make_fixtures.py` regenerates them), through the library and through the
-//! `attn run mha` command. Run with `--nocapture` to print the table of max abs errors.
+//! (`tests/fixtures/make_fixtures.py` regenerates them), through the library (the `attn run mha`
+//! command's parity test is `attn-cli/tests/parity.rs`). Run with `--nocapture` to print the table of max abs errors.
 
 mod common;
 
@@ -9,8 +9,7 @@ use candle_attention::torch_io::{run_mha, TorchMhaInputs, TorchMhaOptions};
 use candle_attention::{
     MhaLayout, MhaWeightsInfo, MultiHeadAttention, MultiHeadAttentionConfig, TensorFile,
 };
-use common::{compare, mha_cases, MhaCase};
-use std::process::Command;
+use common::{check_mha_outputs, compare, mha_cases, MhaCase};
 
 fn options(case: &MhaCase) -> TorchMhaOptions {
     TorchMhaOptions {
@@ -40,38 +39,6 @@ fn expected_layout(case: &MhaCase) -> MhaLayout {
         "hf" => MhaLayout::HuggingFace,
         other => panic!("unknown layout {other}"),
     }
-}
-
-/// Compares `output` and `attn_weights` in `actual` with the expected file; returns the two
-/// max abs errors (weights `None` when the case has none).
-fn check_outputs(
-    case: &MhaCase,
-    output: &candle::Tensor,
-    weights: Option<&candle::Tensor>,
-) -> Result<(f64, Option<f64>), String> {
-    let expected = TensorFile::open(case.file("expected")).unwrap();
-    let exp_out = expected.load("output", &Device::Cpu).unwrap();
-    if output.dtype() != exp_out.dtype() {
-        return Err(format!(
-            "output dtype {:?}, torch's {:?}",
-            output.dtype(),
-            exp_out.dtype()
-        ));
-    }
-    let out_err =
-        compare(output, &exp_out, case.atol, case.rtol).map_err(|e| format!("output: {e}"))?;
-    let w_err = match (weights, expected.contains("attn_weights")) {
-        (Some(w), true) => {
-            let exp_w = expected.load("attn_weights", &Device::Cpu).unwrap();
-            Some(
-                compare(w, &exp_w, case.atol, case.rtol)
-                    .map_err(|e| format!("attn_weights: {e}"))?,
-            )
-        }
-        (None, false) => None,
-        (w, e) => return Err(format!("weights returned: {}, expected: {e}", w.is_some())),
-    };
-    Ok((out_err, w_err))
 }
 
 #[test]
@@ -112,7 +79,7 @@ fn library_matches_torch_on_every_fixture() {
         )
         .unwrap();
         let out = run_mha(&mha, &inputs, options(&case)).unwrap();
-        match check_outputs(&case, &out.output, out.attn_weights.as_ref()) {
+        match check_mha_outputs(&case, &out.output, out.attn_weights.as_ref()) {
             Ok((o, w)) => println!(
                 "{:<28} {:<6} {:>12.2e} {:>12}  {}",
                 case.name,
@@ -127,70 +94,6 @@ fn library_matches_torch_on_every_fixture() {
     assert!(
         failures.is_empty(),
         "cases off torch:\n{}",
-        failures.join("\n")
-    );
-}
-
-#[test]
-fn cli_run_mha_matches_torch_on_every_fixture() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut failures = Vec::new();
-    for case in mha_cases() {
-        let out_path = dir.path().join(format!("{}.out.safetensors", case.name));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_attn"));
-        cmd.args([
-            "run",
-            "mha",
-            "--num-heads",
-            &case.num_heads.to_string(),
-            "--dtype",
-            &case.dtype,
-        ])
-        .arg("--weights")
-        .arg(case.file("weights"))
-        .arg("--inputs")
-        .arg(case.file("inputs"))
-        .arg("--output")
-        .arg(&out_path);
-        if !case.prefix.is_empty() {
-            cmd.args(["--prefix", &case.prefix]);
-        }
-        for (flag, on) in [
-            ("--batch-first", case.batch_first),
-            ("--add-zero-attn", case.add_zero_attn),
-            ("--causal", case.causal),
-            ("--no-weights", !case.need_weights),
-            (
-                "--per-head-weights",
-                case.need_weights && !case.average_attn_weights,
-            ),
-        ] {
-            if on {
-                cmd.arg(flag);
-            }
-        }
-        let result = cmd.output().unwrap();
-        if !result.status.success() {
-            failures.push(format!(
-                "{}: exit {:?}: {}",
-                case.name,
-                result.status,
-                String::from_utf8_lossy(&result.stderr)
-            ));
-            continue;
-        }
-        let written = TensorFile::open(&out_path).unwrap();
-        let output = written.load("output", &Device::Cpu).unwrap();
-        let weights = written
-            .contains("attn_weights")
-            .then(|| written.load("attn_weights", &Device::Cpu).unwrap());
-        if let Err(e) = check_outputs(&case, &output, weights.as_ref()) {
-            failures.push(format!("{}: {e}", case.name));
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "attn run mha off torch:\n{}",
         failures.join("\n")
     );
 }

@@ -1,6 +1,6 @@
 //! Parity with `torch.nn.Transformer` on the committed fixtures
-//! (`tests/fixtures/make_transformer_fixtures.py`), through the library and through
-//! `attn run transformer`. The reference was computed on torch's documented Python path (the
+//! (`tests/fixtures/make_transformer_fixtures.py`), through the library (`attn run
+//! transformer` in `attn-cli/tests/parity.rs`). The reference was computed on torch's documented Python path (the
 //! nested-tensor "fast path" was disabled and fenced off), so padded positions are compared
 //! too. `--nocapture` prints the table of max abs errors.
 
@@ -10,8 +10,7 @@ use candle::{DType, Device};
 use candle_attention::torch_io::{run_transformer, TorchTransformerInputs};
 use candle_attention::transformer::{Transformer, TransformerConfig};
 use candle_attention::TensorFile;
-use common::{compare, transformer_cases, TransformerCase};
-use std::process::Command;
+use common::{compare, transformer_cases, transformer_expected_output, TransformerCase};
 
 fn config(case: &TransformerCase) -> TransformerConfig {
     TransformerConfig {
@@ -24,18 +23,6 @@ fn config(case: &TransformerCase) -> TransformerConfig {
         bias: case.bias,
         ..TransformerConfig::new(case.d_model, case.nhead)
     }
-}
-
-fn expected_output(case: &TransformerCase) -> candle::Tensor {
-    assert!(
-        case.compare_mask_name.is_none(),
-        "{}: every position is compared",
-        case.name
-    );
-    TensorFile::open(case.file("expected"))
-        .unwrap()
-        .load("output", &Device::Cpu)
-        .unwrap()
 }
 
 #[test]
@@ -80,7 +67,12 @@ fn library_matches_torch_on_every_fixture() {
         )
         .unwrap();
         let output = run_transformer(&model, &inputs, case.batch_first, None).unwrap();
-        match compare(&output, &expected_output(&case), case.atol, case.rtol) {
+        match compare(
+            &output,
+            &transformer_expected_output(&case),
+            case.atol,
+            case.rtol,
+        ) {
             Ok(err) => println!("{:<32} {:>12.2e}  {}", case.name, err, case.description),
             Err(e) => failures.push(format!("{}: {e}", case.name)),
         }
@@ -88,61 +80,6 @@ fn library_matches_torch_on_every_fixture() {
     assert!(
         failures.is_empty(),
         "cases off torch:\n{}",
-        failures.join("\n")
-    );
-}
-
-#[test]
-fn cli_run_transformer_matches_torch_on_every_fixture() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut failures = Vec::new();
-    for case in transformer_cases() {
-        let out_path = dir.path().join(format!("{}.out.safetensors", case.name));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_attn"));
-        cmd.args([
-            "run",
-            "transformer",
-            "--num-heads",
-            &case.nhead.to_string(),
-            "--activation",
-            &case.activation,
-        ])
-        .args(["--layer-norm-eps", &case.layer_norm_eps.to_string()])
-        .arg("--weights")
-        .arg(case.file("weights"))
-        .arg("--inputs")
-        .arg(case.file("inputs"))
-        .arg("--output")
-        .arg(&out_path);
-        if !case.prefix.is_empty() {
-            cmd.args(["--prefix", &case.prefix]);
-        }
-        if case.norm_first {
-            cmd.arg("--norm-first");
-        }
-        if case.batch_first {
-            cmd.arg("--batch-first");
-        }
-        let result = cmd.output().unwrap();
-        if !result.status.success() {
-            failures.push(format!(
-                "{}: {}",
-                case.name,
-                String::from_utf8_lossy(&result.stderr)
-            ));
-            continue;
-        }
-        let output = TensorFile::open(&out_path)
-            .unwrap()
-            .load("output", &Device::Cpu)
-            .unwrap();
-        if let Err(e) = compare(&output, &expected_output(&case), case.atol, case.rtol) {
-            failures.push(format!("{}: {e}", case.name));
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "attn run transformer off torch:\n{}",
         failures.join("\n")
     );
 }

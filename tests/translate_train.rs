@@ -109,56 +109,6 @@ fn tiny_training_learns_resumes_exactly_and_translates() {
     assert!(out[3].is_err());
 }
 
-/// `attn translate` end to end on a freshly trained tiny model: one line out per line in, an
-/// error on stderr (and exit 1) for bad input, and a heatmap file of the first translation.
-#[test]
-fn translate_command_lines_errors_and_heatmap() {
-    let dir = tempfile::tempdir().unwrap();
-    train(&tiny(10), dir.path(), &Device::Cpu, |_| {}, |_| {}).unwrap();
-    for ext in ["svg", "png"] {
-        let map = dir.path().join(format!("heat.{ext}"));
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_attn"))
-            .args(["translate", "--weights"])
-            .arg(dir.path())
-            .arg("--heatmap")
-            .arg(&map)
-            .args([
-                "--heads",
-                "all",
-                "--beam",
-                "2",
-                "three hundred forty-two",
-                "seven million",
-            ])
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{stderr}");
-        assert_eq!(stdout.lines().count(), 2, "one line per input: {stdout:?}");
-        assert!(
-            stderr.contains("\"seven million\": unknown word 'million'")
-                && stderr.contains("of 2 inputs"),
-            "{stderr}"
-        );
-        assert!(!stderr.contains("panicked"), "{stderr}");
-        let bytes = std::fs::read(&map).unwrap();
-        match ext {
-            "svg" => assert!(String::from_utf8_lossy(&bytes).contains("forty")),
-            _ => assert_eq!(&bytes[..4], b"\x89PNG"),
-        }
-    }
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_attn"))
-        .args(["translate", "--weights", "/nonexistent", "one"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && stderr.contains("/nonexistent") && stderr.contains("config.json"),
-        "{stderr}"
-    );
-}
-
 /// The written model is the mean of the weights at the averaged checkpoints, not the last ones.
 #[test]
 fn the_model_averages_the_last_checkpoints() {

@@ -8,7 +8,7 @@
 #![allow(clippy::too_many_arguments)]
 
 use super::PANEL;
-use crate::sdpa::avx512::{load, store};
+use crate::simd::avx512::{load, store};
 use core::arch::x86_64::*;
 
 /// Rows per micro-tile: 6 rows × 4 vectors = 24 accumulators, 4 registers of `Wᵀ` and one

@@ -11,7 +11,7 @@
 //! every 6-row micro-tile of the block uses it.
 
 use super::PANEL;
-use crate::sdpa::tiled::{portable, with_scratch, Isa};
+use crate::simd::{fma, with_scratch, Isa};
 use rayon::prelude::*;
 
 /// Rows per task (a multiple of the micro-tile's [`R`]).
@@ -267,7 +267,7 @@ unsafe fn accumulate_portable<const FMA: bool>(
         for kk in 0..kc {
             let a = group[kk * R];
             for (yv, &wv) in row.iter_mut().zip(&wp[kk * PANEL..kk * PANEL + w]) {
-                *yv = portable::fma::<FMA>(a, wv, *yv);
+                *yv = fma::<FMA>(a, wv, *yv);
             }
         }
     }

@@ -29,7 +29,7 @@ pub mod mapped;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
-use crate::sdpa::tiled::{self, Isa};
+use crate::simd::{cpu_f32, Isa};
 use candle::{DType, Device, Module, Tensor};
 
 /// Output columns per packed panel of `Wᵀ` (the width of the micro-kernel).
@@ -321,14 +321,14 @@ fn cpu_linear(
     // Borrowed in place (contiguous since `Projection::new`), not copied per call.
     let bias_guard = bias.map(|b| (b.storage_and_layout(), b.is_contiguous()));
     let bias = match &bias_guard {
-        Some(((bs, bl), true)) => Some(&tiled::cpu_f32(bs)?[bl.start_offset()..][..n]),
+        Some(((bs, bl), true)) => Some(&cpu_f32(bs)?[bl.start_offset()..][..n]),
         Some((_, false)) => candle::bail!("internal: a packed projection's bias is not contiguous"),
         None => None,
     };
     let (xs, xl) = x.storage_and_layout();
-    let x = &tiled::cpu_f32(&xs)?[xl.start_offset()..][..m * k];
+    let x = &cpu_f32(&xs)?[xl.start_offset()..][..m * k];
     let (ps, pl) = panels.storage_and_layout();
-    let panels = &tiled::cpu_f32(&ps)?[pl.start_offset()..][..panels.elem_count()];
+    let panels = &cpu_f32(&ps)?[pl.start_offset()..][..panels.elem_count()];
     let y = gemm::gemm(
         Isa::detect(false),
         gemm::Operands {

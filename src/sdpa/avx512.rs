@@ -15,6 +15,7 @@
 #![allow(clippy::too_many_arguments)]
 
 use super::tiled::{BQ, EXP2_POLY};
+use crate::simd::avx512::{load, store};
 use core::arch::x86_64::*;
 
 /// Keys per micro-tile of the score kernel.
@@ -470,33 +471,6 @@ unsafe fn pv_tile<const NV: usize, const R: usize, const FULL: bool>(
         for (c, a) in acc.iter().enumerate() {
             store(masked(c), tail, o.add(r * ostride + 16 * c), *a);
         }
-    }
-}
-
-/// `p[..16]`, or only the lanes of `tail` (the others zero, not read) when `masked`. (Also
-/// used by the projection GEMM's micro-kernel.)
-///
-/// # Safety
-/// AVX-512F available; the lanes read are readable.
-#[inline(always)]
-pub(crate) unsafe fn load(masked: bool, tail: __mmask16, p: *const f32) -> __m512 {
-    if masked {
-        _mm512_maskz_loadu_ps(tail, p)
-    } else {
-        _mm512_loadu_ps(p)
-    }
-}
-
-/// `p[..16] = a`, or only the lanes of `tail` (the others untouched) when `masked`.
-///
-/// # Safety
-/// AVX-512F available; the lanes written are writable.
-#[inline(always)]
-pub(crate) unsafe fn store(masked: bool, tail: __mmask16, p: *mut f32, a: __m512) {
-    if masked {
-        _mm512_mask_storeu_ps(p, tail, a)
-    } else {
-        _mm512_storeu_ps(p, a)
     }
 }
 

@@ -14,10 +14,10 @@
 //! Extra memory: `O(B · H · chunks · L · Dv)` for the partials. Fully masked rows give zeros.
 
 use super::tiled::{
-    group_scratch_len, query_group, with_scratch, Inputs, Isa, OutBlock, OutRows, Prepared,
-    TiledConfig, BQ,
+    group_scratch_len, query_group, Inputs, OutBlock, OutRows, Prepared, TiledConfig, BQ,
 };
 use crate::mask::MaskParts;
+use crate::simd::{with_scratch, Isa};
 use candle::Tensor;
 use rayon::prelude::*;
 

@@ -36,9 +36,9 @@
 //! dimension is contiguous; otherwise they are made contiguous first.
 
 use crate::mask::MaskParts;
-use candle::{DType, Device, Storage, Tensor};
+use crate::simd::{cpu_f32, with_scratch, Isa};
+use candle::{DType, Device, Tensor};
 use rayon::prelude::*;
-use std::cell::RefCell;
 use std::f32::consts::LOG2_E;
 
 /// Queries per block (the width of the score tile; fixed by the micro-kernels).
@@ -77,39 +77,6 @@ impl Default for TiledConfig {
             force_portable: false,
             blocks_per_task: None,
         }
-    }
-}
-
-/// The instruction set the kernels run with. `Avx512` and `Avx2` are only ever constructed by
-/// [`Isa::detect`] after a successful runtime check, which is what makes calling their
-/// `#[target_feature]` functions sound.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Isa {
-    Portable,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-}
-
-impl Isa {
-    pub(crate) fn detect(force_portable: bool) -> Isa {
-        if force_portable {
-            return Isa::Portable;
-        }
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-            {
-                return Isa::Avx512;
-            }
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                return Isa::Avx2;
-            }
-        }
-        Isa::Portable
     }
 }
 
@@ -252,13 +219,6 @@ fn f32_rows(t: &Tensor) -> candle::Result<Tensor> {
         Ok(t)
     } else {
         t.contiguous()
-    }
-}
-
-pub(crate) fn cpu_f32(storage: &Storage) -> candle::Result<&[f32]> {
-    match storage {
-        Storage::Cpu(s) => s.as_slice::<f32>(),
-        _ => candle::bail!("tiled attention runs on CPU tensors only"),
     }
 }
 
@@ -412,25 +372,6 @@ impl Prepared {
         };
         out.transpose(1, 2)
     }
-}
-
-thread_local! {
-    /// Per-thread scratch, grown on demand and reused across tiles, tasks and calls.
-    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Runs `f` with a per-thread scratch buffer of at least `len` floats (contents unspecified).
-pub(crate) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    SCRATCH.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut buf) => {
-            if buf.len() < len {
-                buf.resize(len, 0.0);
-            }
-            f(&mut buf[..len])
-        }
-        // Re-entrant use on one thread (not expected): fall back to a fresh buffer.
-        Err(_) => f(&mut vec![0.0; len]),
-    })
 }
 
 /// Query blocks per task (1, 2 or 4): a task walks the keys once for all its blocks, so each
@@ -935,15 +876,7 @@ mod avx2 {
 pub(crate) mod portable {
     #![allow(clippy::too_many_arguments)]
     use super::BQ;
-
-    #[inline(always)]
-    pub fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
-        if FMA {
-            a.mul_add(b, c)
-        } else {
-            a * b + c
-        }
-    }
+    use crate::simd::fma;
 
     /// `2^x`, branch-free (vectorisable); `0` for `x < -126.5` (including `-inf`).
     #[inline(always)]

@@ -9,7 +9,9 @@
 //!   the German morpheme tokenizer, with JSON vocabularies.
 //! * [`train`]: training the [`crate::transformer::Seq2Seq`] (Adam, warm-up, label smoothing,
 //!   length batches, checkpoints) and [`translator`]: loading the trained model and translating.
-//! * [`heatmap`]: cross-attention heatmaps as SVG or PNG (embedded DejaVu font).
+//! * The cross-attention heatmaps of `attn translate --heatmap` are drawn by the `attn-cli`
+//!   workspace member (`attn_cli::heatmap`), so this library needs no image or font crates;
+//!   [`translator::Translator::attention`] gives the weights they draw.
 //!
 //! ```
 //! use candle_attention::translate::{english, german, parse_english};
@@ -21,7 +23,6 @@
 //! # Ok(()) }
 //! ```
 
-pub mod heatmap;
 pub mod metrics;
 pub mod numbers;
 pub mod tokenizer;

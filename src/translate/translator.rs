@@ -1,7 +1,7 @@
 //! Loading a trained model directory and translating with it.
 
 use super::numbers::parse_english;
-use super::tokenizer::{EnglishTokenizer, GermanTokenizer, BOS};
+use super::tokenizer::{EnglishTokenizer, GermanTokenizer, Vocab, BOS};
 use super::train::ModelFiles;
 use crate::transformer::{Seq2Seq, Seq2SeqConfig};
 use crate::weights::TensorFile;
@@ -46,18 +46,63 @@ impl Translator {
         let cfg = Seq2SeqConfig::load(dir.join(ModelFiles::CONFIG))?;
         let english = EnglishTokenizer::load(dir.join(ModelFiles::SRC_VOCAB))?;
         let german = GermanTokenizer::load(dir.join(ModelFiles::TGT_VOCAB))?;
+        let weights = TensorFile::open(dir.join(ModelFiles::WEIGHTS))?;
+        Self::assemble(
+            cfg,
+            english,
+            german,
+            &weights,
+            &dir.display().to_string(),
+            device,
+        )
+    }
+
+    /// Builds a translator from a model directory's four files held in memory (for a model
+    /// embedded in a binary with `include_str!`/`include_bytes!`): `config` is `config.json`,
+    /// `src_vocab` and `tgt_vocab` the `vocab.en.json` and `vocab.de.json` texts, `weights` the
+    /// `model.safetensors` (e.g. [`TensorFile::from_static`]). `origin` names the model in
+    /// errors.
+    pub fn from_parts(
+        config: &str,
+        src_vocab: &str,
+        tgt_vocab: &str,
+        weights: &TensorFile,
+        origin: &str,
+        device: &Device,
+    ) -> candle::Result<Self> {
+        let cfg: Seq2SeqConfig = serde_json::from_str(config).map_err(|e| {
+            candle::Error::Msg(format!(
+                "{origin}: {} is not a valid Seq2Seq config: {e}",
+                ModelFiles::CONFIG
+            ))
+        })?;
+        let vocab = |json: &str, file: &str| {
+            Vocab::from_json(json).map_err(|e| candle::Error::Msg(format!("{origin}: {file}: {e}")))
+        };
+        let english = EnglishTokenizer::from_vocab(vocab(src_vocab, ModelFiles::SRC_VOCAB)?)?;
+        let german = GermanTokenizer::from_vocab(vocab(tgt_vocab, ModelFiles::TGT_VOCAB)?)?;
+        Self::assemble(cfg, english, german, weights, origin, device)
+    }
+
+    /// Checks that the vocabularies fit the config and loads the model.
+    fn assemble(
+        cfg: Seq2SeqConfig,
+        english: EnglishTokenizer,
+        german: GermanTokenizer,
+        weights: &TensorFile,
+        origin: &str,
+        device: &Device,
+    ) -> candle::Result<Self> {
         if english.vocab().len() != cfg.src_vocab_size || german.vocab().len() != cfg.tgt_vocab_size
         {
             candle::bail!(
-                "{}: the vocabularies ({} English, {} German tokens) do not match config.json ({} and {})",
-                dir.display(),
+                "{origin}: the vocabularies ({} English, {} German tokens) do not match config.json ({} and {})",
                 english.vocab().len(),
                 german.vocab().len(),
                 cfg.src_vocab_size,
                 cfg.tgt_vocab_size
             )
         }
-        let weights = TensorFile::open(dir.join(ModelFiles::WEIGHTS))?;
         let model = Seq2Seq::load(cfg, weights.var_builder(DType::F32, device))?;
         Ok(Self {
             model,

@@ -23,9 +23,22 @@ pub fn uniform(shape: &[usize], seed: u64) -> Tensor {
     Tensor::from_vec(values, shape, &candle::Device::Cpu).unwrap()
 }
 
+/// The repository root: this package's directory, or its parent for the `attn-cli` member,
+/// whose tests include this module too.
+pub fn repo_root() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    if dir.join("tests/fixtures").is_dir() {
+        dir.to_path_buf()
+    } else {
+        dir.parent()
+            .expect("attn-cli lives in the repository")
+            .to_path_buf()
+    }
+}
+
 /// `tests/fixtures/mha`.
 pub fn mha_fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mha")
+    repo_root().join("tests/fixtures/mha")
 }
 
 /// One case of `tests/fixtures/mha/manifest.json` (written by `tests/fixtures/make_fixtures.py`).
@@ -120,7 +133,7 @@ pub fn compare(actual: &Tensor, expected: &Tensor, atol: f64, rtol: f64) -> Resu
 
 /// `tests/fixtures/transformer`.
 pub fn transformer_fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/transformer")
+    repo_root().join("tests/fixtures/transformer")
 }
 
 /// One case of `tests/fixtures/transformer/manifest.json` (written by
@@ -162,4 +175,49 @@ pub fn transformer_cases() -> Vec<TransformerCase> {
     serde_json::from_str::<TransformerManifest>(&text)
         .expect("valid manifest")
         .cases
+}
+
+/// Compares `output` and `attn_weights` in `actual` with the expected file; returns the two
+/// max abs errors (weights `None` when the case has none).
+pub fn check_mha_outputs(
+    case: &MhaCase,
+    output: &candle::Tensor,
+    weights: Option<&candle::Tensor>,
+) -> Result<(f64, Option<f64>), String> {
+    let expected = candle_attention::TensorFile::open(case.file("expected")).unwrap();
+    let exp_out = expected.load("output", &candle::Device::Cpu).unwrap();
+    if output.dtype() != exp_out.dtype() {
+        return Err(format!(
+            "output dtype {:?}, torch's {:?}",
+            output.dtype(),
+            exp_out.dtype()
+        ));
+    }
+    let out_err =
+        compare(output, &exp_out, case.atol, case.rtol).map_err(|e| format!("output: {e}"))?;
+    let w_err = match (weights, expected.contains("attn_weights")) {
+        (Some(w), true) => {
+            let exp_w = expected.load("attn_weights", &candle::Device::Cpu).unwrap();
+            Some(
+                compare(w, &exp_w, case.atol, case.rtol)
+                    .map_err(|e| format!("attn_weights: {e}"))?,
+            )
+        }
+        (None, false) => None,
+        (w, e) => return Err(format!("weights returned: {}, expected: {e}", w.is_some())),
+    };
+    Ok((out_err, w_err))
+}
+
+/// torch's output for a Transformer case (every position is compared).
+pub fn transformer_expected_output(case: &TransformerCase) -> candle::Tensor {
+    assert!(
+        case.compare_mask_name.is_none(),
+        "{}: every position is compared",
+        case.name
+    );
+    candle_attention::TensorFile::open(case.file("expected"))
+        .unwrap()
+        .load("output", &candle::Device::Cpu)
+        .unwrap()
 }

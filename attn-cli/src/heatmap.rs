@@ -12,7 +12,7 @@
 //! last of two).
 //!
 //! ```no_run
-//! use candle_attention::translate::heatmap::{save, AttentionMap, Heads};
+//! use attn_cli::heatmap::{save, AttentionMap, Heads};
 //! # fn main() -> candle::Result<()> {
 //! let map = AttentionMap {
 //!     source: vec!["two".into(), "hundred".into()],

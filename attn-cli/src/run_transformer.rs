@@ -4,6 +4,7 @@ use crate::{DTypeArg, DeviceArg};
 use anyhow::Context;
 use candle_attention::torch_io::{run_transformer, save_tensors, TorchTransformerInputs};
 use candle_attention::transformer::{Activation, Transformer, TransformerConfig};
+use candle_attention::weights::normalize_prefix;
 use candle_attention::TensorFile;
 use std::path::PathBuf;
 
@@ -51,6 +52,8 @@ pub fn run(args: &RunTransformerArgs) -> anyhow::Result<()> {
     let device = args.device.device()?;
     let dtype = args.dtype.dtype();
     let weights = TensorFile::open(&args.weights)?;
+    // `a.b` and torch's `a.b.` name the same block; `pp` would make `a.b..name` of the latter.
+    let prefix = normalize_prefix(&args.prefix);
     let cfg = TransformerConfig {
         norm_first: args.norm_first,
         activation: args
@@ -58,14 +61,10 @@ pub fn run(args: &RunTransformerArgs) -> anyhow::Result<()> {
             .parse::<Activation>()
             .map_err(anyhow::Error::msg)?,
         layer_norm_eps: args.layer_norm_eps,
-        ..TransformerConfig::from_weights(&weights, &args.prefix, args.num_heads)?
+        ..TransformerConfig::from_weights(&weights, prefix, args.num_heads)?
     };
     let vb = weights.var_builder(dtype, &device);
-    let vb = if args.prefix.is_empty() {
-        vb
-    } else {
-        vb.pp(&args.prefix)
-    };
+    let vb = if prefix.is_empty() { vb } else { vb.pp(prefix) };
     let model = Transformer::load(cfg, vb)
         .with_context(|| format!("loading the transformer from {}", args.weights.display()))?;
     let inputs =

@@ -1,6 +1,7 @@
 //! Bad input gets a clear error that names the problem, in the library and in `attn` (non-zero
 //! exit, message on stderr, never a panic).
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use candle::{DType, Device, Tensor};

@@ -1,7 +1,8 @@
 //! `attn translate`: English number words to German with the shipped model.
 
 use anyhow::Context;
-use candle_attention::translate::heatmap::{self, AttentionMap, Heads};
+use attn_cli::heatmap::{self, AttentionMap, Heads};
+use attn_cli::shipped;
 use candle_attention::translate::translator::Translator;
 use std::io::BufRead;
 use std::path::PathBuf;
@@ -9,7 +10,7 @@ use std::path::PathBuf;
 #[derive(clap::Args, Debug)]
 pub struct TranslateArgs {
     /// Model directory (model.safetensors, config.json, vocab.en.json, vocab.de.json);
-    /// default: the shipped weights/.
+    /// default: the shipped model of weights/, built into this binary.
     #[arg(long)]
     weights: Option<PathBuf>,
     /// Beam width (1 = greedy).
@@ -28,15 +29,6 @@ pub struct TranslateArgs {
     texts: Vec<String>,
 }
 
-fn default_weights() -> PathBuf {
-    let local = PathBuf::from("weights");
-    if local.join("config.json").exists() {
-        local
-    } else {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("weights")
-    }
-}
-
 fn parse_heads(s: &str) -> anyhow::Result<Heads> {
     Ok(match s {
         "avg" | "average" | "mean" => Heads::Average,
@@ -53,9 +45,12 @@ pub fn run(args: &TranslateArgs) -> anyhow::Result<()> {
     if args.beam == 0 {
         anyhow::bail!("--beam must be at least 1");
     }
-    let dir = args.weights.clone().unwrap_or_else(default_weights);
-    let translator = Translator::load(&dir, &candle::Device::Cpu)
-        .with_context(|| format!("loading the translation model from {}", dir.display()))?;
+    let device = candle::Device::Cpu;
+    let translator = match &args.weights {
+        Some(dir) => Translator::load(dir, &device)
+            .with_context(|| format!("loading the translation model from {}", dir.display()))?,
+        None => shipped::translator(&device).context("loading the built-in translation model")?,
+    };
     let texts: Vec<String> = if args.texts.is_empty() {
         std::io::stdin()
             .lock()

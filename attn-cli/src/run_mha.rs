@@ -3,6 +3,7 @@
 use crate::{DTypeArg, DeviceArg};
 use anyhow::Context;
 use candle_attention::torch_io::{run_mha, save_tensors, TorchMhaInputs, TorchMhaOptions};
+use candle_attention::weights::normalize_prefix;
 use candle_attention::{MhaWeightsInfo, MultiHeadAttention, MultiHeadAttentionConfig, TensorFile};
 use std::path::PathBuf;
 
@@ -52,15 +53,13 @@ pub fn run(args: &RunMhaArgs) -> anyhow::Result<()> {
     let device = args.device.device()?;
     let dtype = args.dtype.dtype();
     let weights = TensorFile::open(&args.weights)?;
-    let info = MhaWeightsInfo::from_file(&weights, &args.prefix)?;
+    // `a.b` and torch's `a.b.` name the same block; `pp` would make `a.b..name` of the latter.
+    let prefix = normalize_prefix(&args.prefix);
+    let info = MhaWeightsInfo::from_file(&weights, prefix)?;
     let cfg = MultiHeadAttentionConfig::from_weights(&info, args.num_heads)
         .with_add_zero_attn(args.add_zero_attn);
     let vb = weights.var_builder(dtype, &device);
-    let vb = if args.prefix.is_empty() {
-        vb
-    } else {
-        vb.pp(&args.prefix)
-    };
+    let vb = if prefix.is_empty() { vb } else { vb.pp(prefix) };
     let mha = MultiHeadAttention::load(cfg, vb)
         .with_context(|| format!("loading attention weights from {}", args.weights.display()))?;
 

@@ -1,0 +1,71 @@
+//! CPU building blocks shared by the attention kernels ([`crate::sdpa`]) and the projection
+//! GEMM ([`crate::projection`]): which instruction set to run ([`Isa`]), the per-thread
+//! [scratch](with_scratch) buffer, borrowing a CPU tensor's floats ([`cpu_f32`]), the portable
+//! [`fma`], and (x86-64) the masked AVX-512 loads and stores of the micro-kernels.
+//!
+//! Nothing here is attention- or GEMM-specific; the kernels themselves stay with their module.
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
+mod scratch;
+
+pub(crate) use scratch::with_scratch;
+
+use candle::Storage;
+
+/// The instruction set the kernels run with. `Avx512` and `Avx2` are only ever constructed by
+/// [`Isa::detect`] after a successful runtime check, which is what makes calling their
+/// `#[target_feature]` functions sound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+impl Isa {
+    /// The best instruction set this CPU has (`Portable` when `force_portable`): AVX-512F
+    /// (with AVX2 and FMA), else AVX2 with FMA, else portable Rust.
+    pub(crate) fn detect(force_portable: bool) -> Isa {
+        if force_portable {
+            return Isa::Portable;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+            {
+                return Isa::Avx512;
+            }
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Portable
+    }
+}
+
+/// The `f32` elements of a CPU storage (the whole buffer: index it from the layout's start
+/// offset). An error for other devices or dtypes.
+pub(crate) fn cpu_f32(storage: &Storage) -> candle::Result<&[f32]> {
+    match storage {
+        Storage::Cpu(s) => s.as_slice::<f32>(),
+        _ => candle::bail!(
+            "the CPU kernels (tiled attention, packed projection) run on CPU tensors only"
+        ),
+    }
+}
+
+/// `a · b + c`, fused (one rounding) when `FMA`: only use `FMA = true` in code compiled with
+/// the `fma` target feature, where it is a single instruction (a libm call otherwise).
+#[inline(always)]
+pub(crate) fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
