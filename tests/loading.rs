@@ -4,7 +4,7 @@
 
 mod common;
 
-use candle::{DType, Device, Module, Tensor};
+use candle::{DType, Device, Tensor};
 use candle_attention::transformer::{
     Seq2Seq, Seq2SeqConfig, Transformer, TransformerConfig, TransformerMasks,
 };

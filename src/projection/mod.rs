@@ -283,10 +283,10 @@ impl Module for Projection {
             if is_cpu_constant_f32(x) {
                 let x = x.contiguous()?;
                 let (xs, xl) = x.storage_and_layout();
-                let xv = &tiled::cpu_f32(&xs)?[xl.start_offset()..][..m * k];
+                let xv = &cpu_f32(&xs)?[xl.start_offset()..][..m * k];
                 let bias_guard = self.bias.as_ref().map(|b| b.storage_and_layout());
                 let bias = match &bias_guard {
-                    Some((bs, bl)) => Some(&tiled::cpu_f32(bs)?[bl.start_offset()..][..n]),
+                    Some((bs, bl)) => Some(&cpu_f32(bs)?[bl.start_offset()..][..n]),
                     None => None,
                 };
                 let y = mapped::linear_nt(xv, m, w.data(), n, k, bias);
