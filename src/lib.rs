@@ -53,6 +53,7 @@
 
 pub mod decode;
 pub mod kv_cache;
+pub mod marian;
 pub mod mask;
 pub mod mha;
 pub mod projection;
