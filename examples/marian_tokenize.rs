@@ -35,7 +35,9 @@ fn main() -> anyhow::Result<()> {
         let pieces = tok.pieces(text)?;
         let ids = tok.encode(text)?;
         let decoded = tok.decode(&ids, true)?;
-        println!("\ntext:    {text:?}\npieces:  {pieces:?}\nids:     {ids:?}\ndecoded: {decoded:?}");
+        println!(
+            "\ntext:    {text:?}\npieces:  {pieces:?}\nids:     {ids:?}\ndecoded: {decoded:?}"
+        );
     }
     let batch = tok.encode_batch_padded(&texts)?;
     println!("\npadded batch:");

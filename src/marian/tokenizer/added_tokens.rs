@@ -161,7 +161,10 @@ mod tests {
     #[test]
     fn splits_like_transformers() {
         let t = AddedTokenTrie::new(["</s>", "<unk>", "<pad>"]);
-        assert_eq!(t.split("a</s>b<unk>c"), vec!["a", "</s>", "b", "<unk>", "c"]);
+        assert_eq!(
+            t.split("a</s>b<unk>c"),
+            vec!["a", "</s>", "b", "<unk>", "c"]
+        );
         assert_eq!(t.split("</s>"), vec!["</s>"]);
         assert_eq!(t.split(""), Vec::<&str>::new());
         assert_eq!(t.split("no tokens"), vec!["no tokens"]);

@@ -75,7 +75,10 @@ impl<'de> Visitor<'de> for EntriesVisitor {
         f.write_str("a JSON object mapping tokens to ids")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self::Value, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<Self::Value, A::Error> {
         let mut out = Vec::new();
         while let Some((k, v)) = map.next_entry::<String, Value>()? {
             out.push((k, v));
@@ -154,7 +157,10 @@ fn token_text(v: &Value, what: &str, path: &Path) -> Result<String> {
                 .and_then(Value::as_str)
                 .map(str::to_string)
                 .ok_or_else(|| {
-                    Error::Msg(format!("{}: {what} has no string \"content\"", path.display()))
+                    Error::Msg(format!(
+                        "{}: {what} has no string \"content\"",
+                        path.display()
+                    ))
                 })
         }
         _ => Err(Error::Msg(format!(
@@ -170,8 +176,14 @@ impl TokenizerConfig {
         let config_path = dir.join("tokenizer_config.json");
         let config = read_json(&config_path)?.unwrap_or_default();
         let mut cfg = TokenizerConfig {
-            source_lang: config.get("source_lang").and_then(Value::as_str).map(Into::into),
-            target_lang: config.get("target_lang").and_then(Value::as_str).map(Into::into),
+            source_lang: config
+                .get("source_lang")
+                .and_then(Value::as_str)
+                .map(Into::into),
+            target_lang: config
+                .get("target_lang")
+                .and_then(Value::as_str)
+                .map(Into::into),
             separate_vocabs: config
                 .get("separate_vocabs")
                 .and_then(Value::as_bool)

@@ -174,11 +174,8 @@ impl MarianTokenizer {
             .filter(|t| !added_encoder.contains_key(*t))
             .collect();
         if !to_add.is_empty() {
-            let mut current: HashMap<&str, u32> = encoder
-                .map
-                .iter()
-                .map(|(k, &v)| (k.as_str(), v))
-                .collect();
+            let mut current: HashMap<&str, u32> =
+                encoder.map.iter().map(|(k, &v)| (k.as_str(), v)).collect();
             for (k, &v) in &added_encoder {
                 current.insert(k.as_str(), v);
             }

@@ -40,7 +40,8 @@ impl Normalizer {
             let blob = &spec.precompiled_charsmap;
             if blob.len() <= 4 {
                 return Err(Error::Msg(
-                    "precompiled_charsmap: blob for normalization rule is broken (too short)".into(),
+                    "precompiled_charsmap: blob for normalization rule is broken (too short)"
+                        .into(),
                 ));
             }
             let size = u32::from_le_bytes([blob[0], blob[1], blob[2], blob[3]]) as usize;
@@ -67,7 +68,11 @@ impl Normalizer {
 
     /// Normalises the start of `input`: returns the replacement and how many bytes it consumes.
     fn normalize_prefix<'a>(&'a self, input: &'a str) -> Result<(&'a [u8], usize)> {
-        if let Some(u) = self.user_defined.iter().find(|u| input.starts_with(u.as_str())) {
+        if let Some(u) = self
+            .user_defined
+            .iter()
+            .find(|u| input.starts_with(u.as_str()))
+        {
             return Ok((u.as_bytes(), u.len()));
         }
         if let Some(trie) = &self.trie {
@@ -197,7 +202,9 @@ mod tests {
             precompiled_charsmap: vec![200, 0, 0, 0, 1, 2, 3, 4],
             ..NormalizerSpec::default()
         };
-        let err = Normalizer::new(&spec, false, vec![]).unwrap_err().to_string();
+        let err = Normalizer::new(&spec, false, vec![])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("exceeds"), "{err}");
     }
 }

@@ -42,8 +42,7 @@ impl SentencePieceModel {
         let path = path.as_ref();
         let bytes = std::fs::read(path)
             .map_err(|e| Error::Msg(format!("cannot read {}: {e}", path.display())))?;
-        Self::from_bytes(&bytes)
-            .map_err(|e| Error::Msg(format!("{}: {e}", path.display())))
+        Self::from_bytes(&bytes).map_err(|e| Error::Msg(format!("{}: {e}", path.display())))
     }
 
     /// Loads a serialized `ModelProto`, with sentencepiece's checks on the pieces.
@@ -113,17 +112,15 @@ impl SentencePieceModel {
                             p.piece
                         )));
                     }
-                    let b = piece_to_byte(&p.piece).ok_or_else(|| {
-                        Error::Msg(format!("byte piece {} is invalid", p.piece))
-                    })?;
+                    let b = piece_to_byte(&p.piece)
+                        .ok_or_else(|| Error::Msg(format!("byte piece {} is invalid", p.piece)))?;
                     bytes_found[b as usize] = true;
                 }
                 _ => {}
             }
         }
-        let unk_id = unk_id.ok_or_else(|| {
-            Error::Msg("sentencepiece model has no unknown piece (<unk>)".into())
-        })?;
+        let unk_id = unk_id
+            .ok_or_else(|| Error::Msg("sentencepiece model has no unknown piece (<unk>)".into()))?;
         if proto.trainer_spec.byte_fallback && bytes_found.iter().any(|f| !f) {
             return Err(Error::Msg(
                 "byte_fallback is true but the model does not have all 256 byte pieces".into(),
@@ -318,7 +315,11 @@ fn byte_to_piece(b: u8) -> String {
 /// The byte of a `<0xXX>` piece (upper-case hex, as sentencepiece writes them).
 fn piece_to_byte(piece: &str) -> Option<u8> {
     let hex = piece.strip_prefix("<0x")?.strip_suffix('>')?;
-    if hex.len() != 2 || !hex.bytes().all(|c| c.is_ascii_digit() || (b'A'..=b'F').contains(&c)) {
+    if hex.len() != 2
+        || !hex
+            .bytes()
+            .all(|c| c.is_ascii_digit() || (b'A'..=b'F').contains(&c))
+    {
         return None;
     }
     u8::from_str_radix(hex, 16).ok()
@@ -335,7 +336,11 @@ fn flush_bytes(run: &mut Vec<u8>, text: &mut String) {
             0xf0..=0xf7 => 4,
             _ => 0,
         };
-        match rest.get(..want).filter(|_| want > 0).map(std::str::from_utf8) {
+        match rest
+            .get(..want)
+            .filter(|_| want > 0)
+            .map(std::str::from_utf8)
+        {
             Some(Ok(c)) => {
                 text.push_str(c);
                 rest = &rest[want..];

@@ -202,8 +202,11 @@ fn parse_normalizer_spec(bytes: &[u8]) -> Result<NormalizerSpec> {
 }
 
 fn utf8(b: &[u8], what: &str) -> Result<String> {
-    String::from_utf8(b.to_vec())
-        .map_err(|e| Error::Msg(format!("sentencepiece model: {what} is not valid UTF-8: {e}")))
+    String::from_utf8(b.to_vec()).map_err(|e| {
+        Error::Msg(format!(
+            "sentencepiece model: {what} is not valid UTF-8: {e}"
+        ))
+    })
 }
 
 fn wrong_type(message: &str, field: u32, v: &Value) -> Error {
