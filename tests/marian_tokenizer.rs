@@ -188,7 +188,7 @@ fn check_dir(name: &str) -> Tally {
         let seq = ids(&d["ids"]);
         let label = format!("{seq:?}");
         let batch = tok
-            .decode_batch(&[seq.clone()], true)
+            .decode_batch(std::slice::from_ref(&seq), true)
             .ok()
             .map(|mut v| v.remove(0));
         t.check(

@@ -15,7 +15,7 @@ pub struct DoubleArray {
 impl DoubleArray {
     /// Reads the units of a trie blob (its length must be a multiple of 4).
     pub fn new(blob: &[u8]) -> Result<Self> {
-        if blob.len() % 4 != 0 || blob.is_empty() {
+        if !blob.len().is_multiple_of(4) || blob.is_empty() {
             return Err(Error::Msg(format!(
                 "precompiled_charsmap: the double-array trie has {} bytes, not a positive multiple of 4",
                 blob.len()

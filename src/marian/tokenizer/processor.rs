@@ -99,11 +99,12 @@ impl SentencePieceModel {
             match p.kind {
                 PieceType::UserDefined => user_defined.push(p.piece.clone()),
                 PieceType::Unknown => {
-                    if unk_id.replace(id).is_some() {
+                    if unk_id.is_some() {
                         return Err(Error::Msg(
                             "sentencepiece model defines more than one unknown piece".into(),
                         ));
                     }
+                    unk_id = Some(id);
                 }
                 PieceType::Byte => {
                     if !proto.trainer_spec.byte_fallback {
