@@ -3,6 +3,7 @@
 use anyhow::Context;
 use attn_cli::heatmap::{self, AttentionMap, Heads};
 use attn_cli::shipped;
+use candle_attention::marian::MarianTranslator;
 use candle_attention::translate::translator::Translator;
 use std::io::BufRead;
 use std::path::PathBuf;
@@ -11,11 +12,19 @@ use std::path::PathBuf;
 pub struct TranslateArgs {
     /// Model directory (model.safetensors, config.json, vocab.en.json, vocab.de.json);
     /// default: the shipped model of weights/, built into this binary.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "model")]
     weights: Option<PathBuf>,
-    /// Beam width (1 = greedy).
-    #[arg(long, default_value_t = 1)]
-    beam: usize,
+    /// A Hugging Face MarianMT directory (opus-mt: config.json, model.safetensors or
+    /// pytorch_model.bin, source.spm, target.spm, vocab.json) to translate with instead.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Beam width (1 = greedy). Default: 1 for the shipped model; the directory's
+    /// generation_config.json for --model.
+    #[arg(long)]
+    beam: Option<usize>,
+    /// With --model: most tokens to generate per text (default: generation_config.json).
+    #[arg(long, requires = "model")]
+    max_new_tokens: Option<usize>,
     /// Draw the cross-attention of the first translation to FILE (.svg or .png).
     #[arg(long)]
     heatmap: Option<PathBuf>,
@@ -40,31 +49,25 @@ fn parse_heads(s: &str) -> anyhow::Result<Heads> {
     })
 }
 
-pub fn run(args: &TranslateArgs) -> anyhow::Result<()> {
-    let heads = parse_heads(&args.heads)?;
-    if args.beam == 0 {
-        anyhow::bail!("--beam must be at least 1");
+/// The texts: the arguments, or one per line of standard input.
+fn input_texts(args: &TranslateArgs) -> anyhow::Result<Vec<String>> {
+    if !args.texts.is_empty() {
+        return Ok(args.texts.clone());
     }
-    let device = candle::Device::Cpu;
-    let translator = match &args.weights {
-        Some(dir) => Translator::load(dir, &device)
-            .with_context(|| format!("loading the translation model from {}", dir.display()))?,
-        None => shipped::translator(&device).context("loading the built-in translation model")?,
-    };
-    let texts: Vec<String> = if args.texts.is_empty() {
-        std::io::stdin()
-            .lock()
-            .lines()
-            .collect::<Result<_, _>>()
-            .context("reading standard input")?
-    } else {
-        args.texts.clone()
-    };
-    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    std::io::stdin()
+        .lock()
+        .lines()
+        .collect::<Result<_, _>>()
+        .context("reading standard input")
+}
+
+/// Prints one line per input (an empty line for a failure, whose reason goes to stderr) and
+/// returns the number of failures.
+fn print_results(texts: &[String], results: Vec<candle::Result<String>>) -> usize {
     let mut failed = 0;
-    for (text, result) in refs.iter().zip(translator.translate(&refs, args.beam)?) {
+    for (text, result) in texts.iter().zip(results) {
         match result {
-            Ok(german) => println!("{german}"),
+            Ok(translation) => println!("{translation}"),
             Err(e) => {
                 // Keep one output line per input line, so scripts stay aligned.
                 println!();
@@ -73,11 +76,32 @@ pub fn run(args: &TranslateArgs) -> anyhow::Result<()> {
             }
         }
     }
+    failed
+}
+
+pub fn run(args: &TranslateArgs) -> anyhow::Result<()> {
+    let heads = parse_heads(&args.heads)?;
+    if args.beam == Some(0) {
+        anyhow::bail!("--beam must be at least 1");
+    }
+    if let Some(dir) = &args.model {
+        return run_marian(args, dir, heads);
+    }
+    let beam = args.beam.unwrap_or(1);
+    let device = candle::Device::Cpu;
+    let translator = match &args.weights {
+        Some(dir) => Translator::load(dir, &device)
+            .with_context(|| format!("loading the translation model from {}", dir.display()))?,
+        None => shipped::translator(&device).context("loading the built-in translation model")?,
+    };
+    let texts = input_texts(args)?;
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let failed = print_results(&texts, translator.translate(&refs, beam)?);
     if let Some(path) = &args.heatmap {
         let first = refs
             .first()
             .context("--heatmap needs a text to translate")?;
-        let att = translator.attention(first, args.layer, args.beam)?;
+        let att = translator.attention(first, args.layer, beam)?;
         let map = AttentionMap {
             source: att.source,
             output: att.output,
@@ -90,6 +114,37 @@ pub fn run(args: &TranslateArgs) -> anyhow::Result<()> {
     }
     if failed > 0 {
         anyhow::bail!("{failed} of {} inputs could not be translated", refs.len());
+    }
+    Ok(())
+}
+
+/// `attn translate --model DIR`: a Hugging Face MarianMT directory, text to text, as the
+/// transformers pipeline does it.
+fn run_marian(args: &TranslateArgs, dir: &std::path::Path, heads: Heads) -> anyhow::Result<()> {
+    let device = candle::Device::Cpu;
+    let translator = MarianTranslator::from_dir(dir, &device)
+        .with_context(|| format!("loading the MarianMT model in {}", dir.display()))?;
+    let generation = crate::marian::generation_config(dir, args.beam, args.max_new_tokens, None)?;
+    let translator = translator.with_generation_config(generation);
+    let texts = input_texts(args)?;
+    let failed = print_results(&texts, translator.translate(&texts)?);
+    if let Some(path) = &args.heatmap {
+        let first = texts
+            .first()
+            .context("--heatmap needs a text to translate")?;
+        let att = translator.cross_attention(first, args.layer)?;
+        let map = AttentionMap {
+            source: att.source,
+            output: att.output,
+            weights: att.weights,
+            layer: att.layer,
+            num_layers: att.num_layers,
+        };
+        heatmap::save(&map, heads, path)?;
+        eprintln!("cross-attention of {first:?} drawn to {}", path.display());
+    }
+    if failed > 0 {
+        anyhow::bail!("{failed} of {} inputs could not be translated", texts.len());
     }
     Ok(())
 }

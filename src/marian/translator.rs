@@ -1,0 +1,183 @@
+//! Text in, text out with a MarianMT directory: [`MarianTokenizer`] → [`MarianMTModel`] →
+//! [`generate`](super::generation::generate) → decode, exactly as the transformers pipeline
+//! `tokenizer(texts, padding=True)` → `model.generate(**batch)` →
+//! `tokenizer.batch_decode(out, skip_special_tokens=True)`.
+
+use super::generation::{generate, GenerationConfig};
+use super::model::MarianMTModel;
+use super::tokenizer::MarianTokenizer;
+use candle::{Device, Tensor};
+use std::path::Path;
+
+/// Texts per padded batch: bounds the memory of one `generate` call. Rows of a padded batch are
+/// independent, so the batch size does not change any output.
+pub const BATCH_SIZE: usize = 16;
+
+/// A MarianMT model with its tokenizer and generation settings.
+///
+/// ```no_run
+/// use candle_attention::marian::MarianTranslator;
+/// # fn main() -> candle::Result<()> {
+/// let translator = MarianTranslator::from_dir("opus-mt-en-de", &candle::Device::Cpu)?;
+/// for result in translator.translate(&["Hello, world!", "How are you?"])? {
+///     println!("{}", result?);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct MarianTranslator {
+    model: MarianMTModel,
+    tokenizer: MarianTokenizer,
+    generation: GenerationConfig,
+}
+
+/// Cross-attention of one translation, labelled with the subword pieces.
+#[derive(Clone, Debug)]
+pub struct PieceAttention {
+    /// Source pieces (columns), `</s>` last.
+    pub source: Vec<String>,
+    /// Generated pieces (rows), `</s>` last when the model stopped.
+    pub output: Vec<String>,
+    /// `weights[head][output][source]`.
+    pub weights: Vec<Vec<Vec<f32>>>,
+    /// The decoder layer (0-based).
+    pub layer: usize,
+    /// Decoder layers in the model.
+    pub num_layers: usize,
+}
+
+impl MarianTranslator {
+    /// Loads a MarianMT directory as the hub has it: the model ([`MarianMTModel::from_dir`]),
+    /// the tokenizer (`source.spm`, `target.spm`, `vocab.json`) and the generation settings
+    /// (`generation_config.json`, else `config.json`). The tokenizer's vocabulary must match
+    /// the model's (an error names both sizes).
+    pub fn from_dir(dir: impl AsRef<Path>, device: &Device) -> candle::Result<Self> {
+        let dir = dir.as_ref();
+        let model = MarianMTModel::from_dir(dir, device)?;
+        let tokenizer = MarianTokenizer::from_dir(dir)?;
+        tokenizer.check_model_vocab_size(model.config().vocab_size)?;
+        let generation = GenerationConfig::from_model_dir(dir)?;
+        Ok(Self {
+            model,
+            tokenizer,
+            generation,
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &MarianMTModel {
+        &self.model
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &MarianTokenizer {
+        &self.tokenizer
+    }
+
+    /// The generation settings every call uses.
+    pub fn generation_config(&self) -> &GenerationConfig {
+        &self.generation
+    }
+
+    /// Replaces the generation settings (e.g. `translator.generation_config().clone()
+    /// .with_num_beams(1)`).
+    pub fn with_generation_config(mut self, generation: GenerationConfig) -> Self {
+        self.generation = generation;
+        self
+    }
+
+    /// The ids of `text` (`</s>` appended), or an error when the model cannot take it (longer
+    /// than `max_position_embeddings`).
+    fn encode(&self, text: &str) -> candle::Result<Vec<u32>> {
+        let ids = self.tokenizer.encode(text)?;
+        let max = self.model.config().max_position_embeddings;
+        if ids.len() > max {
+            candle::bail!(
+                "the text is {} tokens long but the model takes at most max_position_embeddings = {max}",
+                ids.len()
+            )
+        }
+        Ok(ids)
+    }
+
+    /// Translates `texts` in padded batches: one result per text, in order. A text the model
+    /// cannot take (too long) gets its own error without failing the others; an error of the
+    /// model itself fails the call.
+    pub fn translate<S: AsRef<str>>(&self, texts: &[S]) -> candle::Result<Vec<candle::Result<String>>> {
+        let encoded: Vec<candle::Result<Vec<u32>>> =
+            texts.iter().map(|t| self.encode(t.as_ref())).collect();
+        let ok: Vec<usize> = (0..texts.len()).filter(|&i| encoded[i].is_ok()).collect();
+        let mut out: Vec<Option<String>> = vec![None; texts.len()];
+        for chunk in ok.chunks(BATCH_SIZE) {
+            let rows: Vec<Vec<u32>> = chunk
+                .iter()
+                .map(|&i| encoded[i].as_ref().cloned().unwrap_or_default())
+                .collect();
+            let batch = self.tokenizer.pad(rows);
+            let (ids, mask) = batch.to_tensors(self.model.device())?;
+            let state = self.model.start(&ids, &mask)?;
+            let sequences = generate(&self.model, state, chunk.len(), &self.generation)?;
+            for (&i, seq) in chunk.iter().zip(&sequences) {
+                out[i] = Some(self.tokenizer.decode(seq, true)?);
+            }
+        }
+        Ok(encoded
+            .into_iter()
+            .zip(out)
+            .map(|(enc, text)| match (enc, text) {
+                (Err(e), _) => Err(e),
+                (Ok(_), Some(text)) => Ok(text),
+                (Ok(_), None) => Err(candle::Error::Msg("internal: text not translated".into())),
+            })
+            .collect())
+    }
+
+    /// Translates `text` and returns the encoder-decoder attention of decoder `layer` (default:
+    /// the last) over the source pieces, per head: what a heatmap draws.
+    pub fn cross_attention(&self, text: &str, layer: Option<usize>) -> candle::Result<PieceAttention> {
+        let ids = self.encode(text)?;
+        let device = self.model.device();
+        let input = Tensor::new(ids.as_slice(), device)?.unsqueeze(0)?;
+        let mask = input.ones_like()?;
+        let state = self.model.start(&input, &mask)?;
+        let sequence = generate(&self.model, state, 1, &self.generation)?
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        // Rows: the generated tokens, fed as the decoder input shifted by the start token.
+        let generated = &sequence[1.min(sequence.len())..];
+        let decoder_input = &sequence[..sequence.len().saturating_sub(1)];
+        let dec = Tensor::new(decoder_input, device)?.unsqueeze(0)?;
+        let all = self.model.cross_attention_weights(&input, &mask, &dec)?;
+        let num_layers = all.len();
+        let layer = layer.unwrap_or(num_layers.saturating_sub(1));
+        let weights = all.get(layer).ok_or_else(|| {
+            candle::Error::Msg(format!(
+                "layer {layer} does not exist: the model has {num_layers} decoder layers (0..{num_layers})"
+            ))
+        })?;
+        let weights: Vec<Vec<Vec<f32>>> = weights
+            .squeeze(0)?
+            .to_dtype(candle::DType::F32)?
+            .to_vec3()?;
+        let label = |id: u32| {
+            self.tokenizer
+                .id_to_token(id)
+                .map_or_else(|| format!("<{id}>"), str::to_string)
+        };
+        let mut source = self.tokenizer.pieces(text)?;
+        source.push(label(self.tokenizer.eos_id()));
+        if source.len() != ids.len() {
+            // Pieces and ids disagree only if the tokenizer maps a piece to several ids; label
+            // by id then.
+            source = ids.iter().map(|&id| label(id)).collect();
+        }
+        Ok(PieceAttention {
+            source,
+            output: generated.iter().map(|&id| label(id)).collect(),
+            weights,
+            layer,
+            num_layers,
+        })
+    }
+}
