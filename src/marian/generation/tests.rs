@@ -66,11 +66,19 @@ impl StepDecoder for PrefixModel {
     }
 }
 
+/// Marian-like ids (start = pad = 3, EOS 0, the start token a bad word) plus `extra`
+/// (`, "key": value ...`), whose keys replace the base ones.
 fn config(extra: &str) -> GenerationConfig {
-    let json = format!(
-        r#"{{"decoder_start_token_id": 3, "eos_token_id": 0, "pad_token_id": 3, "bad_words_ids": [[3]] {extra}}}"#
-    );
-    GenerationConfig::from_json_str(&json).unwrap()
+    let mut base = serde_json::json!({
+        "decoder_start_token_id": 3, "eos_token_id": 0, "pad_token_id": 3, "bad_words_ids": [[3]]
+    });
+    let extra: serde_json::Value = serde_json::from_str(&format!("{{\"_\": 0 {extra}}}")).unwrap();
+    for (k, v) in extra.as_object().unwrap() {
+        if k != "_" {
+            base[k] = v.clone();
+        }
+    }
+    GenerationConfig::from_json_str(&base.to_string()).unwrap()
 }
 
 fn run(model: &PrefixModel, batch: usize, cfg: &GenerationConfig) -> Vec<Vec<u32>> {
