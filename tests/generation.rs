@@ -80,7 +80,12 @@ fn generate_matches_transformers_token_for_token() {
         .as_array()
         .unwrap()
         .iter()
-        .flat_map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32))
+        .flat_map(|row| {
+            row.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+        })
         .collect();
     assert_eq!(log_probs.len(), rows as usize * vocab);
     let model = TableModel {
@@ -121,7 +126,13 @@ fn generate_matches_transformers_token_for_token() {
             .as_array()
             .unwrap()
             .iter()
-            .map(|row| row.as_array().unwrap().iter().map(|x| u(x) as u32).collect())
+            .map(|row| {
+                row.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| u(x) as u32)
+                    .collect()
+            })
             .collect();
         if got != want {
             mismatches.push(format!(
@@ -136,6 +147,10 @@ fn generate_matches_transformers_token_for_token() {
         cases.len(),
         mismatches.len()
     );
-    assert!(cases.len() >= 200, "the fixture lost cases: {}", cases.len());
+    assert!(
+        cases.len() >= 200,
+        "the fixture lost cases: {}",
+        cases.len()
+    );
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
 }

@@ -128,7 +128,9 @@ pub(crate) fn beam_search<M: StepDecoder>(
     let mut items: Vec<Item> = (0..batch)
         .map(|i| Item {
             running: vec![vec![cfg.start]; nb],
-            running_scores: (0..nb).map(|b| if b == 0 { 0.0 } else { NEG_LARGE }).collect(),
+            running_scores: (0..nb)
+                .map(|b| if b == 0 { 0.0 } else { NEG_LARGE })
+                .collect(),
             // The state starts with one row per item: every beam reads it at the first step.
             rows: vec![i; nb],
             slots: vec![
@@ -175,9 +177,7 @@ pub(crate) fn beam_search<M: StepDecoder>(
         let open: Vec<&Item> = items.iter().filter(|it| !it.settled).collect();
         let improvement_possible = open.iter().any(|it| it.heuristic);
         let all_full = early == EarlyStopping::True
-            && open
-                .iter()
-                .all(|it| it.slots.iter().all(|s| s.finished));
+            && open.iter().all(|it| it.slots.iter().all(|s| s.finished));
         if open.is_empty() || !improvement_possible || all_full {
             break;
         }
@@ -297,7 +297,10 @@ mod tests {
 
     #[test]
     fn top_k_orders_like_torch() {
-        assert_eq!(top_k(&[1.0, 5.0, 3.0, 5.0, f32::NEG_INFINITY], 3), vec![1, 3, 2]);
+        assert_eq!(
+            top_k(&[1.0, 5.0, 3.0, 5.0, f32::NEG_INFINITY], 3),
+            vec![1, 3, 2]
+        );
         assert_eq!(top_k(&[f32::NEG_INFINITY; 3], 2), vec![0, 1]);
         assert_eq!(top_k(&[1.0, f32::NAN, 2.0], 2), vec![1, 2]);
     }

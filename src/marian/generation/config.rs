@@ -176,7 +176,10 @@ impl GenerationConfig {
 
     fn from_value(value: serde_json::Value, path: &Path) -> candle::Result<Self> {
         serde_json::from_value(value).map_err(|e| {
-            candle::Error::Msg(format!("{}: invalid generation setting: {e}", path.display()))
+            candle::Error::Msg(format!(
+                "{}: invalid generation setting: {e}",
+                path.display()
+            ))
         })
     }
 
@@ -446,7 +449,10 @@ mod tests {
         assert_eq!(cfg.eos_token_id, Some(vec![0]));
         assert_eq!(cfg.forced_eos_token_id, Some(vec![0]));
         let r = cfg.resolve().unwrap();
-        assert_eq!((r.start, r.pad, r.max_length, r.num_beams), (58100, Some(58100), 512, 4));
+        assert_eq!(
+            (r.start, r.pad, r.max_length, r.num_beams),
+            (58100, Some(58100), 512, 4)
+        );
         // The bad word [[58100]] is not an EOS id, so it stays.
         assert_eq!(r.bad_words, vec![vec![58100]]);
         assert!(r.renormalize);
@@ -484,14 +490,29 @@ mod tests {
         };
         assert_eq!(capped.resolve().unwrap().max_length, 7);
         // An explicit max_length is not capped and counts the start token.
-        assert_eq!(capped.clone().with_max_length(30).resolve().unwrap().max_length, 30);
+        assert_eq!(
+            capped
+                .clone()
+                .with_max_length(30)
+                .resolve()
+                .unwrap()
+                .max_length,
+            30
+        );
         // max_new_tokens wins over max_length, whichever was set last.
         let both = base.clone().with_max_new_tokens(4).with_max_length(30);
         assert_eq!(both.resolve().unwrap().max_length, 5);
         // min_new_tokens wins over min_length and counts the start token too.
         let min = base.clone().with_min_length(9).with_min_new_tokens(3);
         assert_eq!(min.resolve().unwrap().min_length, 4);
-        assert_eq!(base.clone().with_min_length(9).resolve().unwrap().min_length, 9);
+        assert_eq!(
+            base.clone()
+                .with_min_length(9)
+                .resolve()
+                .unwrap()
+                .min_length,
+            9
+        );
         // pad falls back to the first EOS id.
         assert_eq!(base.resolve().unwrap().pad, Some(0));
     }
@@ -503,11 +524,19 @@ mod tests {
             (base.clone().with_max_new_tokens(0), "max_new_tokens"),
             (base.clone().with_max_length(1), "max_length"),
             (base.clone().with_num_beams(0), "num_beams"),
-            (base.clone().with_num_return_sequences(5), "num_return_sequences"),
-            (base.clone().with_num_beams(1).with_num_return_sequences(2), "greedy"),
             (
-                GenerationConfig::from_json_str(r#"{"decoder_start_token_id": 1, "do_sample": true}"#)
-                    .unwrap(),
+                base.clone().with_num_return_sequences(5),
+                "num_return_sequences",
+            ),
+            (
+                base.clone().with_num_beams(1).with_num_return_sequences(2),
+                "greedy",
+            ),
+            (
+                GenerationConfig::from_json_str(
+                    r#"{"decoder_start_token_id": 1, "do_sample": true}"#,
+                )
+                .unwrap(),
                 "sampling",
             ),
             (
@@ -597,7 +626,10 @@ mod tests {
         );
         let cfg = GenerationConfig::from_model_dir(dir.path()).unwrap();
         // Only generation_config.json counts: num_beams and pad_token_id of config.json are gone.
-        assert_eq!((cfg.num_beams, cfg.max_length, cfg.pad_token_id), (None, Some(12), None));
+        assert_eq!(
+            (cfg.num_beams, cfg.max_length, cfg.pad_token_id),
+            (None, Some(12), None)
+        );
         assert_eq!(cfg.max_position_embeddings, Some(64));
         assert_eq!(cfg.resolve().unwrap().pad, Some(0));
     }
@@ -605,7 +637,11 @@ mod tests {
     #[test]
     fn model_dir_does_not_apply_marian_defaults() {
         let dir = tempfile::tempdir().unwrap();
-        write(dir.path(), "config.json", r#"{"model_type": "marian", "pad_token_id": 19}"#);
+        write(
+            dir.path(),
+            "config.json",
+            r#"{"model_type": "marian", "pad_token_id": 19}"#,
+        );
         let cfg = GenerationConfig::from_model_dir(dir.path()).unwrap();
         assert_eq!(cfg.decoder_start_token_id, None);
         assert_eq!(cfg.max_position_embeddings, Some(1024));

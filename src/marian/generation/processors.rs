@@ -71,7 +71,9 @@ fn no_repeat_ngram(n: usize, prefix: &[u32], scores: &mut [f32]) {
 /// The bias is *added*, as in `transformers` (`-inf` plus anything but `+inf`/NaN is `-inf`).
 fn bad_words(words: &[Vec<u32>], prefix: &[u32], scores: &mut [f32]) {
     for word in words {
-        let (last, head) = word.split_last().expect("bad words are non-empty (resolve)");
+        let (last, head) = word
+            .split_last()
+            .expect("bad words are non-empty (resolve)");
         if head.len() <= prefix.len() && prefix.ends_with(head) {
             scores[*last as usize] += f32::NEG_INFINITY;
         }
@@ -115,15 +117,29 @@ mod tests {
             r#"{"decoder_start_token_id": 7, "eos_token_id": 0, "bad_words_ids": [[7], [3, 4], [7, 5], [1, 2, 6]]}"#,
         );
         // After the start token: 7 always, 5 because the sequence ends with 7.
-        assert_eq!(run(&cfg, &[7]), vec![-1., -1., -1., -1., -1., NINF, -1., NINF]);
-        assert_eq!(run(&cfg, &[7, 3]), vec![-1., -1., -1., -1., NINF, -1., -1., NINF]);
-        assert_eq!(run(&cfg, &[7, 1, 2]), vec![-1., -1., -1., -1., -1., -1., NINF, NINF]);
-        assert_eq!(run(&cfg, &[7, 1, 3, 2]), vec![-1., -1., -1., -1., -1., -1., -1., NINF]);
+        assert_eq!(
+            run(&cfg, &[7]),
+            vec![-1., -1., -1., -1., -1., NINF, -1., NINF]
+        );
+        assert_eq!(
+            run(&cfg, &[7, 3]),
+            vec![-1., -1., -1., -1., NINF, -1., -1., NINF]
+        );
+        assert_eq!(
+            run(&cfg, &[7, 1, 2]),
+            vec![-1., -1., -1., -1., -1., -1., NINF, NINF]
+        );
+        assert_eq!(
+            run(&cfg, &[7, 1, 3, 2]),
+            vec![-1., -1., -1., -1., -1., -1., -1., NINF]
+        );
     }
 
     #[test]
     fn min_length_counts_the_start_token() {
-        let cfg = resolved(r#"{"decoder_start_token_id": 7, "eos_token_id": [0, 2], "min_new_tokens": 2}"#);
+        let cfg = resolved(
+            r#"{"decoder_start_token_id": 7, "eos_token_id": [0, 2], "min_new_tokens": 2}"#,
+        );
         assert_eq!(cfg.min_length, 3);
         assert_eq!(run(&cfg, &[7])[..3], [NINF, -1., NINF]);
         assert_eq!(run(&cfg, &[7, 4])[..3], [NINF, -1., NINF]);
@@ -139,10 +155,16 @@ mod tests {
             r#"{"decoder_start_token_id": 7, "eos_token_id": 0, "forced_bos_token_id": 4,
                 "forced_eos_token_id": [0, 1], "max_length": 4}"#,
         );
-        assert_eq!(run(&cfg, &[7]), vec![NINF, NINF, NINF, NINF, 0., NINF, NINF, NINF]);
+        assert_eq!(
+            run(&cfg, &[7]),
+            vec![NINF, NINF, NINF, NINF, 0., NINF, NINF, NINF]
+        );
         assert_eq!(run(&cfg, &[7, 4]), vec![-1.0; 8]);
         // cur_len 3 == max_length - 1: the token chosen now is the last one.
-        assert_eq!(run(&cfg, &[7, 4, 5]), vec![0., 0., NINF, NINF, NINF, NINF, NINF, NINF]);
+        assert_eq!(
+            run(&cfg, &[7, 4, 5]),
+            vec![0., 0., NINF, NINF, NINF, NINF, NINF, NINF]
+        );
     }
 
     #[test]
@@ -150,7 +172,10 @@ mod tests {
         let cfg = resolved(r#"{"decoder_start_token_id": 7, "no_repeat_ngram_size": 2}"#);
         // Bigrams so far: (7,3) (3,7): after 7 the token 3 is banned.
         assert_eq!(run(&cfg, &[7, 3, 7])[3], NINF);
-        assert_eq!(run(&cfg, &[7, 3, 7]).iter().filter(|x| **x == NINF).count(), 1);
+        assert_eq!(
+            run(&cfg, &[7, 3, 7]).iter().filter(|x| **x == NINF).count(),
+            1
+        );
         let tri = resolved(r#"{"decoder_start_token_id": 7, "no_repeat_ngram_size": 3}"#);
         assert_eq!(run(&tri, &[7, 1, 2, 5, 1, 2])[5], NINF);
         assert_eq!(run(&tri, &[7, 1]), vec![-1.0; 8]);

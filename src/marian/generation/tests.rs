@@ -11,7 +11,6 @@ const A: u32 = 1;
 const B: u32 = 2;
 /// Decoder start and padding (banned as a bad word, as in Marian).
 const S: u32 = 3;
-const NINF: f32 = f32::NEG_INFINITY;
 
 /// Log-probabilities by (item, prefix with the start token); other prefixes get `default`.
 struct PrefixModel {
@@ -53,7 +52,10 @@ impl StepDecoder for PrefixModel {
         let mut out = Vec::new();
         for ((item, prefix), &t) in state.iter_mut().zip(tokens) {
             prefix.push(t);
-            let row = self.table.get(&(*item, prefix.clone())).unwrap_or(&self.default);
+            let row = self
+                .table
+                .get(&(*item, prefix.clone()))
+                .unwrap_or(&self.default);
             out.extend_from_slice(row);
         }
         Tensor::from_vec(out, (tokens.len(), 4), &Device::Cpu)
@@ -109,7 +111,10 @@ fn greedy_pads_finished_rows_and_drops_them_from_the_state() {
 
 #[test]
 fn greedy_length_limits() {
-    let model = PrefixModel::new(&[(0, &[S], [-0.1, -1.0, -2.0, -9.0])], [-3.0, -0.5, -1.0, -9.0]);
+    let model = PrefixModel::new(
+        &[(0, &[S], [-0.1, -1.0, -2.0, -9.0])],
+        [-3.0, -0.5, -1.0, -9.0],
+    );
     // EOS first unless banned for 2 new tokens; then A until max_new_tokens.
     assert_eq!(run(&model, 1, &config("")), vec![vec![S, EOS]]);
     let min2 = config("").with_min_new_tokens(2).with_max_new_tokens(4);
@@ -246,18 +251,32 @@ fn bad_model_output_and_ids_are_errors() {
             Ok(())
         }
     }
-    let err = generate(&Wrong, (), 1, &config("")).unwrap_err().to_string();
-    assert!(err.contains("returned log-probabilities for 2 rows"), "{err}");
+    let err = generate(&Wrong, (), 1, &config(""))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("returned log-probabilities for 2 rows"),
+        "{err}"
+    );
 
     let model = PrefixModel::new(&[], [-1.0, -1.0, -1.0, -1.0]);
     let cfg = config(r#", "forced_bos_token_id": 9"#);
-    let err = generate(&model, PrefixModel::state(1), 1, &cfg).unwrap_err().to_string();
-    assert!(err.contains("forced_bos_token_id 9") && err.contains("4 tokens"), "{err}");
+    let err = generate(&model, PrefixModel::state(1), 1, &cfg)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("forced_bos_token_id 9") && err.contains("4 tokens"),
+        "{err}"
+    );
     // 4 EOS ids and 5 beams keep (1 + 4) * 5 = 25 candidates of 5 * 4.
     let cfg = config(r#", "num_beams": 5, "eos_token_id": [0, 1, 2, 3]"#);
-    let err = generate(&model, PrefixModel::state(1), 1, &cfg).unwrap_err().to_string();
+    let err = generate(&model, PrefixModel::state(1), 1, &cfg)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("candidates"), "{err}");
-    assert!(generate(&model, PrefixModel::state(0), 0, &config("")).unwrap().is_empty());
+    assert!(generate(&model, PrefixModel::state(0), 0, &config(""))
+        .unwrap()
+        .is_empty());
 }
 
 #[test]
