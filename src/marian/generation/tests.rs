@@ -11,7 +11,6 @@ const A: u32 = 1;
 const B: u32 = 2;
 /// Decoder start and padding (banned as a bad word, as in Marian).
 const S: u32 = 3;
-const NINF: f32 = f32::NEG_INFINITY;
 
 /// Log-probabilities by (item, prefix with the start token); other prefixes get `default`.
 struct PrefixModel {
@@ -69,11 +68,19 @@ impl StepDecoder for PrefixModel {
     }
 }
 
+/// Marian-like ids (start = pad = 3, EOS 0, the start token a bad word) plus `extra`
+/// (`, "key": value ...`), whose keys replace the base ones.
 fn config(extra: &str) -> GenerationConfig {
-    let json = format!(
-        r#"{{"decoder_start_token_id": 3, "eos_token_id": 0, "pad_token_id": 3, "bad_words_ids": [[3]] {extra}}}"#
-    );
-    GenerationConfig::from_json_str(&json).unwrap()
+    let mut base = serde_json::json!({
+        "decoder_start_token_id": 3, "eos_token_id": 0, "pad_token_id": 3, "bad_words_ids": [[3]]
+    });
+    let extra: serde_json::Value = serde_json::from_str(&format!("{{\"_\": 0 {extra}}}")).unwrap();
+    for (k, v) in extra.as_object().unwrap() {
+        if k != "_" {
+            base[k] = v.clone();
+        }
+    }
+    GenerationConfig::from_json_str(&base.to_string()).unwrap()
 }
 
 fn run(model: &PrefixModel, batch: usize, cfg: &GenerationConfig) -> Vec<Vec<u32>> {
