@@ -58,15 +58,21 @@ impl BatchEncoding {
 
 /// `transformers.MarianTokenizer`, without Python: same ids, same pieces, same decoded text.
 ///
-/// ```no_run
+/// ```
 /// use candle_attention::marian::MarianTokenizer;
 /// # fn main() -> candle::Result<()> {
-/// let tok = MarianTokenizer::from_dir("opus-mt-en-de")?;
-/// let ids = tok.encode("I am a small frog.")?; // ends with tok.eos_id()
-/// assert_eq!(*ids.last().unwrap(), tok.eos_id());
-/// let text = tok.decode(&ids, true)?; // "I am a small frog."
-/// let batch = tok.encode_batch_padded(&["Hello!", "A longer sentence."])?;
-/// assert_eq!(batch.input_ids.len(), 2);
+/// # let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/marian_tokenizer/en-de");
+/// let tok = MarianTokenizer::from_dir(dir)?; // e.g. "opus-mt-en-de"
+/// let ids = tok.encode("I am a small frog.")?;
+/// assert_eq!(ids, [41, 112, 12, 34, 68, 120, 93, 58, 4, tok.eos_id()]);
+/// assert_eq!(tok.decode(&ids, true)?, "I am a small frog.");
+/// assert_eq!(tok.decode(&ids, false)?, "I am a small frog.</s>");
+///
+/// // `tokenizer(texts, padding=True)`: (batch, seq) ids right-padded with <pad>, and the mask.
+/// let batch = tok.encode_batch_padded(&["Hello!", "I am a small frog."])?;
+/// assert_eq!(batch.input_ids[0].len(), batch.input_ids[1].len());
+/// assert_eq!(*batch.input_ids[0].last().unwrap(), tok.pad_id());
+/// assert_eq!(*batch.attention_mask[0].last().unwrap(), 0);
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]

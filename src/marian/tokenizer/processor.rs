@@ -15,14 +15,17 @@ const DEFAULT_UNK_SURFACE: &str = " \u{2047} ";
 /// Viterbi segmentation and decoder, giving exactly what the `sentencepiece` Python package
 /// gives.
 ///
-/// ```no_run
+/// ```
 /// use candle_attention::marian::tokenizer::SentencePieceModel;
 /// # fn main() -> candle::Result<()> {
-/// let sp = SentencePieceModel::from_file("opus-mt-en-de/source.spm")?;
-/// let pieces = sp.encode_pieces("Hello world")?; // e.g. ["▁Hello", "▁world"]
-/// let ids = sp.encode_ids("Hello world")?;
-/// assert_eq!(sp.decode_pieces(&pieces), "Hello world");
-/// assert_eq!(sp.decode_ids(&ids)?, "Hello world");
+/// # let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/marian_tokenizer/en-de");
+/// // e.g. "opus-mt-en-de/source.spm"
+/// let sp = SentencePieceModel::from_file(format!("{dir}/source.spm"))?;
+/// let pieces = sp.encode_pieces("I am a small frog.")?;
+/// assert_eq!(pieces, ["▁I", "▁am", "▁a", "▁s", "m", "all", "▁fro", "g", "."]);
+/// let ids = sp.encode_ids("I am a small frog.")?;
+/// assert_eq!(sp.decode_pieces(&pieces), "I am a small frog.");
+/// assert_eq!(sp.decode_ids(&ids)?, "I am a small frog.");
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
