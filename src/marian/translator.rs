@@ -103,7 +103,10 @@ impl MarianTranslator {
     /// Translates `texts` in padded batches: one result per text, in order. A text the model
     /// cannot take (too long) gets its own error without failing the others; an error of the
     /// model itself fails the call.
-    pub fn translate<S: AsRef<str>>(&self, texts: &[S]) -> candle::Result<Vec<candle::Result<String>>> {
+    pub fn translate<S: AsRef<str>>(
+        &self,
+        texts: &[S],
+    ) -> candle::Result<Vec<candle::Result<String>>> {
         let encoded: Vec<candle::Result<Vec<u32>>> =
             texts.iter().map(|t| self.encode(t.as_ref())).collect();
         let ok: Vec<usize> = (0..texts.len()).filter(|&i| encoded[i].is_ok()).collect();
@@ -134,7 +137,11 @@ impl MarianTranslator {
 
     /// Translates `text` and returns the encoder-decoder attention of decoder `layer` (default:
     /// the last) over the source pieces, per head: what a heatmap draws.
-    pub fn cross_attention(&self, text: &str, layer: Option<usize>) -> candle::Result<PieceAttention> {
+    pub fn cross_attention(
+        &self,
+        text: &str,
+        layer: Option<usize>,
+    ) -> candle::Result<PieceAttention> {
         let ids = self.encode(text)?;
         let device = self.model.device();
         let input = Tensor::new(ids.as_slice(), device)?.unsqueeze(0)?;

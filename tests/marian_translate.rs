@@ -1,0 +1,99 @@
+//! Text to text with a complete MarianMT directory (tests/fixtures/marian_e2e, made by
+//! tests/fixtures/make_marian_e2e_fixture.py): our tokenizer, model and generate() against the
+//! transformers pipeline `tokenizer(texts, padding=True)` → `generate()` →
+//! `batch_decode(skip_special_tokens=True)`, for every recorded setting.
+
+use candle::Device;
+use candle_attention::marian::{GenerationConfig, MarianTranslator};
+use std::path::{Path, PathBuf};
+
+fn dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/marian_e2e")
+}
+
+fn expected() -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir().join("expected.json")).unwrap()).unwrap()
+}
+
+/// The generation settings of a recorded case: the directory's, overridden by its kwargs.
+fn settings(kwargs: &serde_json::Value) -> GenerationConfig {
+    let mut cfg = GenerationConfig::from_model_dir(dir()).unwrap();
+    if let Some(b) = kwargs.get("num_beams") {
+        cfg = cfg.with_num_beams(b.as_u64().unwrap() as usize);
+    }
+    if let Some(t) = kwargs.get("max_new_tokens") {
+        cfg = cfg.with_max_new_tokens(t.as_u64().unwrap() as usize);
+    }
+    cfg
+}
+
+#[test]
+fn translations_equal_the_transformers_pipeline() {
+    let translator = MarianTranslator::from_dir(dir(), &Device::Cpu).unwrap();
+    let exp = expected();
+    let texts: Vec<String> = exp["texts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap().to_string())
+        .collect();
+    let mut compared = 0;
+    let mut mismatches = Vec::new();
+    for setting in exp["settings"].as_array().unwrap() {
+        let name = setting["name"].as_str().unwrap();
+        let t = translator
+            .clone()
+            .with_generation_config(settings(&setting["generate_kwargs"]));
+        let got = t.translate(&texts).unwrap();
+        let want = setting["batched"]["texts"].as_array().unwrap();
+        for ((text, got), want) in texts.iter().zip(got).zip(want) {
+            let got = got.unwrap();
+            compared += 1;
+            if got != want.as_str().unwrap() {
+                mismatches.push(format!("{name}: {text:?} -> {got:?}, transformers {want}"));
+            }
+        }
+    }
+    println!(
+        "{compared} translations compared, {} mismatches",
+        mismatches.len()
+    );
+    assert!(compared >= 100);
+    assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+}
+
+#[test]
+fn the_tokenizer_gives_the_pipelines_padded_batch() {
+    let translator = MarianTranslator::from_dir(dir(), &Device::Cpu).unwrap();
+    let exp = expected();
+    let texts: Vec<&str> = exp["texts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    let batch = translator.tokenizer().encode_batch_padded(&texts).unwrap();
+    let want_ids: Vec<Vec<u32>> =
+        serde_json::from_value(exp["tokenized"]["input_ids"].clone()).unwrap();
+    let want_mask: Vec<Vec<u32>> =
+        serde_json::from_value(exp["tokenized"]["attention_mask"].clone()).unwrap();
+    assert_eq!(batch.input_ids, want_ids);
+    assert_eq!(batch.attention_mask, want_mask);
+}
+
+#[test]
+fn a_text_too_long_fails_alone() {
+    let translator = MarianTranslator::from_dir(dir(), &Device::Cpu).unwrap();
+    let long = "nine hundred ninety-nine ".repeat(200);
+    let out = translator
+        .translate(&[
+            "Is it forty-two?",
+            long.as_str(),
+            "over five hundred twenty-two bridges",
+        ])
+        .unwrap();
+    assert_eq!(out[0].as_ref().unwrap(), "Ist es zweiundvierzig?");
+    let err = out[1].as_ref().unwrap_err().to_string();
+    assert!(err.contains("max_position_embeddings = 512"), "{err}");
+    assert!(out[2].is_ok());
+}
