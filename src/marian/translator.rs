@@ -1,5 +1,5 @@
 //! Text in, text out with a MarianMT directory: [`MarianTokenizer`] → [`MarianMTModel`] →
-//! [`generate`](super::generation::generate) → decode, exactly as the transformers pipeline
+//! [`generate`](super::generation::generate()) → decode, exactly as the transformers pipeline
 //! `tokenizer(texts, padding=True)` → `model.generate(**batch)` →
 //! `tokenizer.batch_decode(out, skip_special_tokens=True)`.
 

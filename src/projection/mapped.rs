@@ -11,7 +11,7 @@
 //! * inside [`with_mapped_weights`], the layer constructors of this crate
 //!   ([`crate::MultiHeadAttention::load`] and the Transformer's feed-forward layers) take their
 //!   projection weights from the mapping instead of copying them out of the `VarBuilder`;
-//! * such a [`super::Projection`] computes `y = x Wᵀ + b` with [`linear_nt`], which reads `W`
+//! * such a [`super::Projection`] computes `y = x Wᵀ + b` with its own kernel, which reads `W`
 //!   row by row where it lies (no packing), on rayon's pool.
 //!
 //! The resident memory of the process then holds each weight once, as page cache shared with

@@ -79,6 +79,29 @@ pub struct AttentionOutput {
 /// * Returns `output` `(B, H, L, Dv)` in the input dtype and, if `args.need_weights`, the
 ///   weights `(B, H, L, S)`.
 ///
+/// **Mask polarity.** A boolean [`Mask`] here means what it means in torch's
+/// `nn.MultiheadAttention`: non-zero = *blocked*. torch's `F.scaled_dot_product_attention`
+/// and Hugging Face `attention_mask`s use the opposite (true / 1 = *attend*). Say which one you
+/// have: [`Mask::blocked`] or [`Mask::allowed`] for attention masks,
+/// [`Mask::key_padding`] (1 = padding) or [`Mask::key_padding_from_attention_mask`]
+/// (1 = token) for padding.
+///
+/// ```
+/// use candle::{Device, Tensor};
+/// use candle_attention::{scaled_dot_product_attention, Mask, SdpaArgs};
+/// # fn main() -> candle::Result<()> {
+/// let q = Tensor::randn(0f32, 1., (1, 2, 3, 8), &Device::Cpu)?;
+/// let (k, v) = (q.clone(), q.clone());
+/// // Ported from torch: F.scaled_dot_product_attention(q, k, v, attn_mask=keep), keep = True to attend.
+/// let keep = Tensor::new(&[[1u8, 0, 0], [1, 1, 0], [1, 1, 1]], &Device::Cpu)?;
+/// let args = SdpaArgs { mask: Mask::allowed(keep)?, ..Default::default() };
+/// let out = scaled_dot_product_attention(&q, &k, &v, &args)?.output; // causal, written out
+/// let causal = scaled_dot_product_attention(&q, &k, &v, &SdpaArgs { mask: Mask::causal(), ..Default::default() })?.output;
+/// let diff = (out - causal)?.abs()?.max_all()?.to_scalar::<f32>()?;
+/// assert!(diff < 1e-6);
+/// # Ok(()) }
+/// ```
+///
 /// Errors name the offending shapes when the inputs disagree, and the mask when it does not
 /// fit `(B, H, L, S)`.
 pub fn scaled_dot_product_attention(
