@@ -97,3 +97,27 @@ fn a_text_too_long_fails_alone() {
     assert!(err.contains("max_position_embeddings = 512"), "{err}");
     assert!(out[2].is_ok());
 }
+
+#[test]
+fn a_vocabulary_that_disagrees_with_the_model_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(dir()).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, tmp.path().join(path.file_name().unwrap())).unwrap();
+    }
+    // Drop one piece from vocab.json: 323 entries for a model of 324 tokens.
+    let vocab_path = tmp.path().join("vocab.json");
+    let mut vocab: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&vocab_path).unwrap()).unwrap();
+    let victim = vocab
+        .iter()
+        .find(|(_, id)| id.as_u64() == Some(100))
+        .map(|(k, _)| k.clone())
+        .unwrap();
+    vocab.remove(&victim);
+    std::fs::write(&vocab_path, serde_json::to_string(&vocab).unwrap()).unwrap();
+    let err = MarianTranslator::from_dir(tmp.path(), &Device::Cpu)
+        .expect_err("a vocabulary of the wrong size must be refused")
+        .to_string();
+    assert!(err.contains("323 tokens") && err.contains("324"), "{err}");
+}

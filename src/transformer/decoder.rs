@@ -244,6 +244,31 @@ impl TransformerDecoderLayer {
 
 /// The decoder stack, `torch.nn.TransformerDecoder`, with an optional final LayerNorm. Tensor
 /// names: `layers.{i}.*`, `norm.*`.
+///
+/// ```
+/// use candle::{DType, Device, Tensor};
+/// use candle_attention::transformer::{DecoderCache, DecoderMasks, TransformerConfig, TransformerDecoder};
+/// use candle_attention::Mask;
+/// use candle_nn::{VarBuilder, VarMap};
+/// # fn main() -> candle::Result<()> {
+/// let varmap = VarMap::new();
+/// let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+/// let mut cfg = TransformerConfig::new(32, 4);
+/// cfg.num_decoder_layers = 2;
+/// let decoder = TransformerDecoder::new(&cfg, vb.pp("decoder"), false)?; // no final norm
+/// let memory = Tensor::randn(0f32, 1., (1, 5, 32), &Device::Cpu)?;
+/// let tgt = Tensor::randn(0f32, 1., (1, 3, 32), &Device::Cpu)?;
+/// let masks = DecoderMasks { tgt_mask: Mask::causal(), ..Default::default() };
+/// let full = decoder.forward(&tgt, &memory, &masks, false)?;
+/// // The same, one position at a time through the caches (causal offset from the cache).
+/// let mut cache = DecoderCache::default();
+/// for t in 0..3 {
+///     let step = decoder.forward_cached(&tgt.narrow(1, t, 1)?, &memory, &DecoderMasks::default(), &mut cache)?;
+///     let diff = (step - full.narrow(1, t, 1)?)?.abs()?.max_all()?.to_scalar::<f32>()?;
+///     assert!(diff < 1e-5);
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct TransformerDecoder {
     layers: Vec<TransformerDecoderLayer>,
