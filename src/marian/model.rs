@@ -559,6 +559,35 @@ impl MarianDecodeState {
     }
 }
 
+/// `log_softmax` over the last dimension of `(rows, V)` `f32` logits. On the CPU one pass
+/// for the maximum, one for the sum and one to write, rows in parallel: candle's composed op
+/// makes five passes and as many `(rows, V)` buffers, which at beam-search sizes (32 × 58101)
+/// costs more than the output projection. Elsewhere, candle's op.
+fn log_softmax_rows(logits: &Tensor) -> candle::Result<Tensor> {
+    use rayon::prelude::*;
+    if !logits.device().is_cpu() || logits.track_op() {
+        return candle_nn::ops::log_softmax(logits, D::Minus1);
+    }
+    let (rows, v) = logits.dims2()?;
+    let values = logits.flatten_all()?.to_vec1::<f32>()?;
+    let mut out = vec![0f32; rows * v];
+    out.par_chunks_mut(v.max(1))
+        .zip(values.par_chunks(v.max(1)))
+        .for_each(|(o, x)| {
+            let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            if max == f32::NEG_INFINITY {
+                o.copy_from_slice(x); // every token impossible: stays -inf
+                return;
+            }
+            let sum: f32 = x.iter().map(|&z| (z - max).exp()).sum();
+            let log_sum = sum.ln();
+            for (o, &z) in o.iter_mut().zip(x) {
+                *o = z - max - log_sum;
+            }
+        });
+    Tensor::from_vec(out, (rows, v), logits.device())
+}
+
 /// One token per row in, `(rows, V)` next-token log-probabilities (`f32`) out.
 impl StepDecoder for MarianMTModel {
     type State = MarianDecodeState;
@@ -566,7 +595,7 @@ impl StepDecoder for MarianMTModel {
     fn step(&self, state: &mut MarianDecodeState, tokens: &[u32]) -> candle::Result<Tensor> {
         let ids = Tensor::from_slice(tokens, (tokens.len(), 1), self.device())?;
         let logits = self.step_logits(state, &ids)?.squeeze(1)?;
-        candle_nn::ops::log_softmax(&logits.to_dtype(DType::F32)?, D::Minus1)
+        log_softmax_rows(&logits.to_dtype(DType::F32)?)
     }
 
     fn reorder(&self, state: &mut MarianDecodeState, rows: &[u32]) -> candle::Result<()> {

@@ -36,6 +36,7 @@ use super::config::{EarlyStopping, Resolved};
 use super::processors::process;
 use super::{fetch_step, reorder_unless_identity};
 use crate::decode::StepDecoder;
+use rayon::prelude::*;
 use candle::Result;
 
 /// `transformers`' stand-in for "impossible" in beam bookkeeping.
@@ -152,17 +153,22 @@ pub(crate) fn beam_search<M: StepDecoder>(
         let step = fetch_step(model, state, &feed, &mut vocab, cfg)?;
         let v = step.vocab;
         check_candidates(nb, v, keep)?;
-        let mut acc = vec![0f32; nb * v];
-        for item in items.iter_mut().filter(|it| !it.settled) {
-            for b in 0..nb {
-                let row = &mut acc[b * v..(b + 1) * v];
-                row.copy_from_slice(step.row(item.rows[b]));
-                process(cfg, &item.running[b], row);
-                let running = item.running_scores[b];
-                row.iter_mut().for_each(|x| *x += running);
-            }
-            step_item(item, &acc, v, keep, cur_len, cfg);
-        }
+        // Items are independent: their processors, scores and selections run in parallel
+        // (at beam-search sizes this host work is as long as the model's step).
+        items
+            .par_iter_mut()
+            .filter(|it| !it.settled)
+            .for_each(|item| {
+                let mut acc = vec![0f32; nb * v];
+                for b in 0..nb {
+                    let row = &mut acc[b * v..(b + 1) * v];
+                    row.copy_from_slice(step.row(item.rows[b]));
+                    process(cfg, &item.running[b], row);
+                    let running = item.running_scores[b];
+                    row.iter_mut().for_each(|x| *x += running);
+                }
+                step_item(item, &acc, v, keep, cur_len, cfg);
+            });
         cur_len += 1;
         if cur_len >= cfg.max_length {
             break;
