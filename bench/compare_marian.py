@@ -28,7 +28,7 @@ What is timed
 * ours: the WHOLE process `attn generate --model DIR --inputs IN.safetensors --output
   OUT.safetensors --beams N --max-new-tokens 32 --min-new-tokens 32` (start-up and model load
   included); median of --runs after --warmup runs. Peak RSS of that process comes from
-  `os.wait4` (ru_maxrss of the child; the largest over the timed runs).
+  `/usr/bin/time -f %M` (the command's own peak; the largest over the timed runs).
 tokens/s = B x 32 / seconds (for beam search also B x 32: returned tokens, not beam tokens).
 --json adds CPU seconds (process_time for transformers, the child's user + system time for
 ours) and the load average: on a shared machine wall times mostly measure the neighbours.
@@ -111,19 +111,27 @@ def time_transformers(model, ids, mask, beams, new_tokens, runs, warmup):
 
 
 def run_ours_once(cmd, env):
-    """Run one process; return (wall seconds, CPU seconds, peak RSS in MiB)."""
+    """Run one process; return (wall seconds, CPU seconds, peak RSS in MiB).
+
+    Linux keeps a process's peak RSS across exec, so a child forked from this (large) Python
+    process would report Python's RSS as its own; /usr/bin/time forks from a small process and
+    reports the command's own peak (`%M`, KiB). Without it, wait4's figure is an upper bound."""
+    timer = ["/usr/bin/time", "-f", "%M"] if os.path.exists("/usr/bin/time") else []
     with tempfile.TemporaryFile() as err:  # a file, not a pipe: a chatty child cannot block
         t = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(timer + cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
         # wait4 gives this child's own rusage (RUSAGE_CHILDREN would be the max over all children)
         _, status, usage = os.wait4(proc.pid, 0)
         secs = time.perf_counter() - t
         proc.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        text = err.read().decode(errors="replace")
         if proc.returncode != 0:
-            err.seek(0)
-            tail = err.read().decode(errors="replace")[-4000:]
-            raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{tail}")
-    return secs, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024.0
+            raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{text[-4000:]}")
+    rss = usage.ru_maxrss / 1024.0
+    if timer:
+        rss = int(text.strip().splitlines()[-1]) / 1024.0
+    return secs, usage.ru_utime + usage.ru_stime, rss
 
 
 def time_ours(attn, model_dir, in_path, out_path, beams, new_tokens, runs, warmup, threads):

@@ -96,12 +96,28 @@ impl DTypeArg {
     }
 }
 
+/// Decoding allocates and frees buffers of a few MB every step (logits, caches). glibc hands
+/// such blocks back to the kernel on free, and first-touching fresh pages costs about 1 ms per MB
+/// on this kind of machine: 5–10% of a beam-search step. Keep freed memory for reuse instead
+/// (blocks up to 32 MiB from the heap, no trimming); peak RSS is unchanged.
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator parameters; it is called before any thread starts
+    // and before anything is allocated through the settings it changes.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+        libc::mallopt(libc::M_TOP_PAD, 64 << 20);
+    }
+}
+
 fn main() -> ExitCode {
     // candle attaches a backtrace to its errors when RUST_BACKTRACE is set; a user-facing error
     // message should not carry one. (Set before any thread starts.)
     if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
         std::env::set_var("RUST_LIB_BACKTRACE", "0");
     }
+    keep_freed_memory();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(RunCommand::Mha(args)) => run_mha::run(&args),
