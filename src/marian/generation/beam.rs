@@ -36,8 +36,8 @@ use super::config::{EarlyStopping, Resolved};
 use super::processors::process;
 use super::{fetch_step, reorder_unless_identity};
 use crate::decode::StepDecoder;
-use rayon::prelude::*;
 use candle::Result;
+use rayon::prelude::*;
 
 /// `transformers`' stand-in for "impossible" in beam bookkeeping.
 const NEG_LARGE: f32 = -1.0e9;
