@@ -270,3 +270,34 @@ fn bad_marian_input_is_a_clear_error() {
     let err = fails(&["translate", "--model", base.to_str().unwrap(), "hello"]);
     assert!(err.contains("source.spm"), "{err}");
 }
+
+#[test]
+fn translate_draws_the_cross_attention_over_the_pieces() {
+    let dir = fixtures().join("marian_e2e");
+    let tmp = tempfile::tempdir().unwrap();
+    let svg = tmp.path().join("attention.svg");
+    let text = "Is it forty-two?";
+    let stdout = ok(&[
+        "translate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--heatmap",
+        svg.to_str().unwrap(),
+        text,
+    ]);
+    assert_eq!(stdout.trim_end(), "Ist es zweiundvierzig?");
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    assert!(drawn.contains("cross-attention"), "a titled figure");
+    // Columns are the source's sentencepiece pieces, rows the generated ones.
+    let tokenizer = candle_attention::marian::MarianTokenizer::from_dir(&dir).unwrap();
+    for piece in tokenizer.pieces(text).unwrap() {
+        assert!(
+            drawn.contains(&format!(">{piece}<")),
+            "source piece {piece:?} is labelled"
+        );
+    }
+    assert!(
+        drawn.contains("&lt;/s&gt;") || drawn.contains("</s><"),
+        "EOS is labelled"
+    );
+}
