@@ -273,3 +273,37 @@ fn hugging_face_projections_equal_the_tensors_they_were_loaded_from() {
         compare(&got, &want, 1e-5, 1e-5).unwrap_or_else(|m| panic!("{name}: {m}"));
     }
 }
+
+/// A projection sharing its weight tensor (a tied output head) computes what a packed one does.
+#[test]
+fn shared_weight_projection_equals_the_packed_one() {
+    use candle::{Device, Module, Tensor};
+    use candle_attention::Projection;
+    let dev = Device::Cpu;
+    for (m, out, inp) in [(1, 70, 33), (5, 130, 64), (32, 9, 16)] {
+        let w = Tensor::randn(0f32, 1., (out, inp), &dev).unwrap();
+        let b = Tensor::randn(0f32, 1., out, &dev).unwrap();
+        let x = Tensor::randn(0f32, 1., (m, inp), &dev).unwrap();
+        let packed = Projection::new(&w, Some(b.clone())).unwrap();
+        let shared = Projection::shared(&w, Some(b)).unwrap();
+        assert_eq!(shared.weight().unwrap().dims(), &[out, inp]);
+        for (p, q) in [
+            (packed.clone(), shared.clone()),
+            (
+                packed.narrow_outputs(3, 5).unwrap(),
+                shared.narrow_outputs(3, 5).unwrap(),
+            ),
+        ] {
+            let (y, z) = (p.forward(&x).unwrap(), q.forward(&x).unwrap());
+            let d: Vec<f32> = (y - z)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            assert!(d.iter().all(|v| *v <= 1e-4), "{m}x{out}x{inp}: {d:?}");
+        }
+    }
+}

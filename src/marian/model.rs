@@ -229,8 +229,9 @@ impl MarianMTModel {
         };
         let lm_head = match (mapped_matrix(&lm_name, vocab, d), &decoder_embed) {
             (Some(w), _) => Projection::from_mapped(w, Some(bias))?,
+            // Tied: the head reads the embedding table in place rather than packing a copy.
             (None, EmbeddingTable::Owned(t)) if cfg.tie_word_embeddings => {
-                Projection::new(t, Some(bias))?
+                Projection::shared(t, Some(bias))?
             }
             (None, _) => Projection::new(&vb.get((vocab, d), &lm_name)?, Some(bias))?,
         };

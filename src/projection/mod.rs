@@ -51,6 +51,9 @@ enum Weight {
     },
     /// `W` `(out, in)` read in place from a memory-mapped file ([`mapped`]).
     Mapped(mapped::MappedMatrix),
+    /// `W` `(out, in)`, a contiguous CPU `f32` tensor shared with its owner (e.g. the tied
+    /// embedding table of a language model head), read row by row as [`Weight::Mapped`] is.
+    Rows(Tensor),
 }
 
 /// `y = x Wᵀ + b`, a [`candle::Module`] over the last dimension: `x` `(..., in)` →
@@ -140,6 +143,30 @@ impl Projection {
         })
     }
 
+    /// A projection that shares `weight` `(out, in)` with its owner instead of packing a copy of
+    /// it: a tied output projection and the embedding table it is tied to stay one tensor.
+    /// For a CPU `f32` constant the product reads `W`'s rows in place (the kernel of
+    /// [`mapped`]); anything else is the same as [`Projection::new`].
+    pub fn shared(weight: &Tensor, bias: Option<Tensor>) -> candle::Result<Self> {
+        if !(is_cpu_constant_f32(weight) && weight.rank() == 2) {
+            return Self::new(weight, bias);
+        }
+        if let Some(b) = &bias {
+            if b.dims() != [weight.dim(0)?] || !is_cpu_constant_f32(b) {
+                candle::bail!(
+                    "bias of a linear layer must be a CPU f32 vector of {} values, got {:?} ({:?})",
+                    weight.dim(0)?,
+                    b.dims(),
+                    b.dtype()
+                )
+            }
+        }
+        Ok(Self {
+            weight: Weight::Rows(weight.contiguous()?),
+            bias: bias.map(|b| b.contiguous()).transpose()?,
+        })
+    }
+
     /// The projection onto outputs `start .. start + len` only (rows `start .. start + len`
     /// of `W` and of `b`), sharing this projection's storage: how the fused Q/K/V projection
     /// of [`crate::MultiHeadAttention`] provides each one.
@@ -163,6 +190,7 @@ impl Projection {
                     candle::Error::Msg("internal: mapped rows out of range".into())
                 })?)
             }
+            Weight::Rows(w) => Weight::Rows(w.narrow(0, start, len)?),
         };
         Ok(Self {
             weight,
@@ -189,6 +217,7 @@ impl Projection {
             Weight::Mapped(w) => {
                 Tensor::from_slice(w.data(), (w.rows(), w.cols()), &Device::Cpu)?.t()
             }
+            Weight::Rows(w) => w.t(),
         }
     }
 
@@ -209,6 +238,7 @@ impl Projection {
             Weight::View(wt) => wt.dims()[0],
             Weight::Packed { panels, .. } => panels.dims()[1],
             Weight::Mapped(w) => w.cols(),
+            Weight::Rows(w) => w.dims()[1],
         }
     }
 
@@ -218,6 +248,7 @@ impl Projection {
             Weight::View(wt) => wt.dims()[1],
             Weight::Packed { out, .. } => *out,
             Weight::Mapped(w) => w.rows(),
+            Weight::Rows(w) => w.dims()[0],
         }
     }
 
@@ -225,7 +256,7 @@ impl Projection {
     pub fn dtype(&self) -> DType {
         match &self.weight {
             Weight::View(wt) => wt.dtype(),
-            Weight::Packed { .. } | Weight::Mapped(_) => DType::F32,
+            Weight::Packed { .. } | Weight::Mapped(_) | Weight::Rows(_) => DType::F32,
         }
     }
 
@@ -234,7 +265,7 @@ impl Projection {
         match &self.weight {
             Weight::View(wt) => wt.device(),
             Weight::Packed { panels, .. } => panels.device(),
-            Weight::Mapped(_) => &Device::Cpu,
+            Weight::Mapped(_) | Weight::Rows(_) => &Device::Cpu,
         }
     }
 }
@@ -279,19 +310,27 @@ impl Module for Projection {
                 return y.reshape(out_dims);
             }
         }
-        if let Weight::Mapped(w) = &self.weight {
-            if is_cpu_constant_f32(x) {
-                let x = x.contiguous()?;
-                let (xs, xl) = x.storage_and_layout();
-                let xv = &cpu_f32(&xs)?[xl.start_offset()..][..m * k];
-                let bias_guard = self.bias.as_ref().map(|b| b.storage_and_layout());
-                let bias = match &bias_guard {
-                    Some((bs, bl)) => Some(&cpu_f32(bs)?[bl.start_offset()..][..n]),
-                    None => None,
-                };
-                let y = mapped::linear_nt(xv, m, w.data(), n, k, bias);
-                return Tensor::from_vec(y, out_dims, &Device::Cpu);
-            }
+        // `W` read row by row where it lies: a mapped file or a shared tensor.
+        let rows_guard = match &self.weight {
+            Weight::Rows(w) => Some(w.storage_and_layout()),
+            _ => None,
+        };
+        let rows: Option<&[f32]> = match (&self.weight, &rows_guard) {
+            (Weight::Mapped(w), _) => Some(w.data()),
+            (Weight::Rows(_), Some((ws, wl))) => Some(&cpu_f32(ws)?[wl.start_offset()..][..n * k]),
+            _ => None,
+        };
+        if let (Some(wv), true) = (rows, is_cpu_constant_f32(x)) {
+            let x = x.contiguous()?;
+            let (xs, xl) = x.storage_and_layout();
+            let xv = &cpu_f32(&xs)?[xl.start_offset()..][..m * k];
+            let bias_guard = self.bias.as_ref().map(|b| b.storage_and_layout());
+            let bias = match &bias_guard {
+                Some((bs, bl)) => Some(&cpu_f32(bs)?[bl.start_offset()..][..n]),
+                None => None,
+            };
+            let y = mapped::linear_nt(xv, m, wv, n, k, bias);
+            return Tensor::from_vec(y, out_dims, &Device::Cpu);
         }
         // Autograd, CUDA, other dtypes: candle's ops, as candle-nn's `Linear`.
         let y = x.reshape((m, k))?.matmul(&self.transposed_weight()?)?;
