@@ -275,8 +275,9 @@ fn no_candidate(item: usize, step: usize) -> candle::Error {
     ))
 }
 
-/// Calls `reorder` unless `rows` is the identity on `current_rows` rows.
-fn reorder_unless_identity<M: StepDecoder>(
+/// Calls `reorder` unless `rows` is the identity on `current_rows` rows (shared with
+/// [`crate::marian::generation`]).
+pub(crate) fn reorder_unless_identity<M: StepDecoder>(
     model: &M,
     state: &mut M::State,
     rows: &[u32],

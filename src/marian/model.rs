@@ -393,6 +393,21 @@ impl MarianMTModel {
         memory: &Tensor,
         attention_mask: &Tensor,
     ) -> candle::Result<Tensor> {
+        let (x, padding) = self.full_decoder_input(decoder_input_ids, memory, attention_mask)?;
+        let h = self
+            .decoder
+            .forward(&x, memory, &Self::full_pass_masks(&padding), false)?;
+        self.lm_head.forward(&h)
+    }
+
+    /// The embedded `decoder_input_ids` `(B, T, d_model)` of a full pass over `memory`, and the
+    /// source padding `(B, S)` (1 = padding) of `attention_mask`.
+    fn full_decoder_input(
+        &self,
+        decoder_input_ids: &Tensor,
+        memory: &Tensor,
+        attention_mask: &Tensor,
+    ) -> candle::Result<(Tensor, Tensor)> {
         let ids = self.checked_ids(
             "decoder_input_ids",
             &decoder_input_ids.to_device(self.device())?,
@@ -407,15 +422,18 @@ impl MarianMTModel {
             )
         }
         let padding = attention_mask.to_device(self.device())?.eq(0f64)?;
-        let x = self.embed(&self.decoder_embed, &ids, 0)?;
-        let masks = DecoderMasks {
+        Ok((self.embed(&self.decoder_embed, &ids, 0)?, padding))
+    }
+
+    /// Causal over the target, every target position visible (transformers' default
+    /// `decoder_attention_mask`), source padding blocked.
+    fn full_pass_masks(padding: &Tensor) -> DecoderMasks<'_> {
+        DecoderMasks {
             tgt_mask: Mask::causal(),
             memory_mask: Mask::none(),
             tgt_key_padding_mask: None,
-            memory_key_padding_mask: Some(&padding),
-        };
-        let h = self.decoder.forward(&x, memory, &masks, false)?;
-        self.lm_head.forward(&h)
+            memory_key_padding_mask: Some(padding),
+        }
     }
 
     /// `model(input_ids, attention_mask, decoder_input_ids)`: `(logits (B, T, V),
@@ -440,21 +458,9 @@ impl MarianMTModel {
         decoder_input_ids: &Tensor,
     ) -> candle::Result<Vec<Tensor>> {
         let memory = self.encode(input_ids, attention_mask)?;
-        let ids = self.checked_ids(
-            "decoder_input_ids",
-            &decoder_input_ids.to_device(self.device())?,
-            self.cfg.target_vocab_size(),
-            0,
-        )?;
-        let padding = attention_mask.to_device(self.device())?.eq(0f64)?;
-        let x = self.embed(&self.decoder_embed, &ids, 0)?;
-        let masks = DecoderMasks {
-            tgt_mask: Mask::causal(),
-            memory_mask: Mask::none(),
-            tgt_key_padding_mask: None,
-            memory_key_padding_mask: Some(&padding),
-        };
-        self.decoder.cross_attention_weights(&x, &memory, &masks)
+        let (x, padding) = self.full_decoder_input(decoder_input_ids, &memory, attention_mask)?;
+        self.decoder
+            .cross_attention_weights(&x, &memory, &Self::full_pass_masks(&padding))
     }
 
     /// Runs the encoder and returns the state for step-by-step decoding (one row per source

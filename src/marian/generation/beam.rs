@@ -33,8 +33,9 @@
 //! finished hypothesis with a real score above `-1e8`) are dropped from the model state.
 
 use super::config::{EarlyStopping, Resolved};
+use super::fetch_step;
 use super::processors::process;
-use super::{fetch_step, reorder_unless_identity};
+use crate::decode::reorder_unless_identity;
 use crate::decode::StepDecoder;
 use candle::Result;
 use rayon::prelude::*;

@@ -1,8 +1,9 @@
 //! Greedy search as `transformers`' `_sample` with `do_sample=False`.
 
 use super::config::Resolved;
+use super::fetch_step;
 use super::processors::process;
-use super::{fetch_step, reorder_unless_identity};
+use crate::decode::reorder_unless_identity;
 use crate::decode::StepDecoder;
 use candle::Result;
 

@@ -123,22 +123,6 @@ fn fetch_step<M: StepDecoder>(
     })
 }
 
-/// Calls `reorder` unless `rows` is the identity on `current_rows` rows.
-fn reorder_unless_identity<M: StepDecoder>(
-    model: &M,
-    state: &mut M::State,
-    rows: &[u32],
-    current_rows: usize,
-) -> Result<()> {
-    let identity =
-        rows.len() == current_rows && rows.iter().enumerate().all(|(i, &r)| r as usize == i);
-    if identity {
-        Ok(())
-    } else {
-        model.reorder(state, rows)
-    }
-}
-
 /// Generates like `transformers`' `model.generate(input_ids, attention_mask, ...)` with the
 /// settings `cfg` (after [`GenerationConfig::from_model_dir`] and the per-call `with_*`
 /// overrides): greedy search when `num_beams` is 1, beam search otherwise.
