@@ -290,6 +290,15 @@ impl MultiHeadAttention {
         args: &CachedAttentionArgs,
     ) -> candle::Result<AttentionOutput> {
         self.check_cached_input("x", x)?;
+        if args.mask.has_causal() {
+            // A causal mask written for the new tokens alone (offset 0) would hide cached keys
+            // from them: refuse it rather than attend wrongly.
+            candle::bail!(
+                "attend_cached applies the causal mask itself, offset by the {} cached positions; \
+                 leave causal terms out of `mask` (set `causal: false` for none)",
+                cache.len()
+            )
+        }
         let past = cache.len();
         let q = self.project_query(x)?;
         let (k, v) = self.project_key_value(x, x)?;

@@ -205,6 +205,13 @@ impl Mask {
         }
     }
 
+    /// True when any part of the mask is causal (with whatever offset).
+    pub fn has_causal(&self) -> bool {
+        self.terms
+            .iter()
+            .any(|t| matches!(t, MaskTerm::Causal { .. }))
+    }
+
     /// Checks every part of the mask against `shape` without building anything, with an
     /// error that names the mask and both shapes when one does not fit.
     pub fn validate(&self, shape: AttentionShape) -> candle::Result<()> {

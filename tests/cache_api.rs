@@ -132,6 +132,42 @@ fn a_cross_attention_cache_refuses_another_memory() {
 }
 
 #[test]
+fn a_causal_mask_written_by_hand_is_refused_with_a_cache() {
+    let dev = Device::Cpu;
+    let varmap = VarMap::new();
+    let attn = mha(8, 2, &varmap);
+    let x = Tensor::randn(0f32, 1., (1, 1, 8), &dev).unwrap();
+    let mut cache = KvCache::new();
+    attn.attend_cached(&x, &mut cache, &Default::default())
+        .unwrap();
+    let err = attn
+        .attend_cached(
+            &x,
+            &mut cache,
+            &CachedAttentionArgs {
+                mask: Mask::causal(),
+                ..Default::default()
+            },
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("applies the causal mask itself"), "{err}");
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+    let mut cfg = TransformerConfig::new(8, 2);
+    cfg.num_decoder_layers = 1;
+    let decoder = TransformerDecoder::new(&cfg, vb.pp("dec"), false).unwrap();
+    let masks = DecoderMasks {
+        tgt_mask: Mask::causal(),
+        ..Default::default()
+    };
+    let err = decoder
+        .forward_cached(&x, &x, &masks, &mut DecoderCache::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("applies the causal mask itself"), "{err}");
+}
+
+#[test]
 fn a_forked_decoder_cache_decodes_independently() {
     let dev = Device::Cpu;
     let varmap = VarMap::new();

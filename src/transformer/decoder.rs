@@ -369,6 +369,13 @@ impl TransformerDecoder {
         masks: &DecoderMasks,
         cache: &mut DecoderCache,
     ) -> candle::Result<Tensor> {
+        if masks.tgt_mask.has_causal() {
+            candle::bail!(
+                "forward_cached applies the causal mask itself, offset by the {} cached positions; \
+                 leave tgt_mask without a causal term (usually Mask::none())",
+                cache.len()
+            )
+        }
         if cache.layers.is_empty() {
             cache.layers = vec![DecoderLayerCache::default(); self.layers.len()];
         }
