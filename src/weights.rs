@@ -256,6 +256,23 @@ impl TensorFile {
         ))
     }
 
+    /// The bytes of the whole file (mapped, read or embedded), for reading tensors in place.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.inner.bytes
+    }
+
+    /// Where the `F32` tensor `name` of `count` elements lies in [`TensorFile::bytes`]: its
+    /// byte offset and stored shape; `None` when absent, of another dtype or size.
+    pub(crate) fn f32_location(&self, name: &str, count: usize) -> Option<(usize, &[usize])> {
+        let info = self.inner.infos.get(name)?;
+        (info.dtype == StDtype::F32 && info.shape.iter().product::<usize>() == count).then(|| {
+            (
+                self.inner.data_start + info.data_offsets.0,
+                info.shape.as_slice(),
+            )
+        })
+    }
+
     /// Loads `name` onto `device` in its stored dtype. `BOOL` tensors become `U8` (0 or 1).
     pub fn load(&self, name: &str, device: &Device) -> candle::Result<Tensor> {
         let info = self

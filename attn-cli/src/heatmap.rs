@@ -50,6 +50,32 @@ pub struct AttentionMap {
     pub num_layers: usize,
 }
 
+impl From<candle_attention::translate::translator::Attention> for AttentionMap {
+    /// The shipped translator's cross-attention, labelled with its words and morphemes.
+    fn from(a: candle_attention::translate::translator::Attention) -> Self {
+        Self {
+            source: a.source,
+            output: a.output,
+            weights: a.weights,
+            layer: a.layer,
+            num_layers: a.num_layers,
+        }
+    }
+}
+
+impl From<candle_attention::marian::PieceAttention> for AttentionMap {
+    /// A MarianMT model's cross-attention, labelled with the sentencepiece pieces.
+    fn from(a: candle_attention::marian::PieceAttention) -> Self {
+        Self {
+            source: a.source,
+            output: a.output,
+            weights: a.weights,
+            layer: a.layer,
+            num_layers: a.num_layers,
+        }
+    }
+}
+
 /// Which heads to draw.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Heads {

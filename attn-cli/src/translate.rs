@@ -97,25 +97,10 @@ pub fn run(args: &TranslateArgs) -> anyhow::Result<()> {
     let texts = input_texts(args)?;
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let failed = print_results(&texts, translator.translate(&refs, beam)?);
-    if let Some(path) = &args.heatmap {
-        let first = refs
-            .first()
-            .context("--heatmap needs a text to translate")?;
-        let att = translator.attention(first, args.layer, beam)?;
-        let map = AttentionMap {
-            source: att.source,
-            output: att.output,
-            weights: att.weights,
-            layer: att.layer,
-            num_layers: att.num_layers,
-        };
-        heatmap::save(&map, heads, path)?;
-        eprintln!("cross-attention of {first:?} drawn to {}", path.display());
-    }
-    if failed > 0 {
-        anyhow::bail!("{failed} of {} inputs could not be translated", refs.len());
-    }
-    Ok(())
+    draw_first(args, heads, &texts, |text| {
+        Ok(translator.attention(text, args.layer, beam)?.into())
+    })?;
+    finish(failed, texts.len())
 }
 
 /// `attn translate --model DIR`: a Hugging Face MarianMT directory, text to text, as the
@@ -128,23 +113,35 @@ fn run_marian(args: &TranslateArgs, dir: &std::path::Path, heads: Heads) -> anyh
     let translator = translator.with_generation_config(generation);
     let texts = input_texts(args)?;
     let failed = print_results(&texts, translator.translate(&texts)?);
-    if let Some(path) = &args.heatmap {
-        let first = texts
-            .first()
-            .context("--heatmap needs a text to translate")?;
-        let att = translator.cross_attention(first, args.layer)?;
-        let map = AttentionMap {
-            source: att.source,
-            output: att.output,
-            weights: att.weights,
-            layer: att.layer,
-            num_layers: att.num_layers,
-        };
-        heatmap::save(&map, heads, path)?;
-        eprintln!("cross-attention of {first:?} drawn to {}", path.display());
-    }
+    draw_first(args, heads, &texts, |text| {
+        Ok(translator.cross_attention(text, args.layer)?.into())
+    })?;
+    finish(failed, texts.len())
+}
+
+/// With `--heatmap FILE`: draws the cross-attention of the first text, as `attention` computes
+/// it, to FILE.
+fn draw_first(
+    args: &TranslateArgs,
+    heads: Heads,
+    texts: &[String],
+    attention: impl FnOnce(&str) -> anyhow::Result<AttentionMap>,
+) -> anyhow::Result<()> {
+    let Some(path) = &args.heatmap else {
+        return Ok(());
+    };
+    let first = texts
+        .first()
+        .context("--heatmap needs a text to translate")?;
+    heatmap::save(&attention(first)?, heads, path)?;
+    eprintln!("cross-attention of {first:?} drawn to {}", path.display());
+    Ok(())
+}
+
+/// The exit status: an error when some of the `total` texts could not be translated.
+fn finish(failed: usize, total: usize) -> anyhow::Result<()> {
     if failed > 0 {
-        anyhow::bail!("{failed} of {} inputs could not be translated", texts.len());
+        anyhow::bail!("{failed} of {total} inputs could not be translated");
     }
     Ok(())
 }

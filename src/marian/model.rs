@@ -9,6 +9,7 @@
 //! final norm, `logits = h · Eᵀ + final_logits_bias`.
 
 use super::config::MarianConfig;
+use super::generation::log_softmax_in_place;
 use super::weights::{list_dir, MarianWeights};
 use crate::decode::StepDecoder;
 use crate::mask::Mask;
@@ -566,8 +567,8 @@ impl MarianDecodeState {
     }
 }
 
-/// `log_softmax` over the last dimension of `(rows, V)` `f32` logits. On the CPU one pass
-/// for the maximum, one for the sum and one to write, rows in parallel: candle's composed op
+/// `log_softmax` over the last dimension of `(rows, V)` `f32` logits. On the CPU the generation
+/// processors' row-wise pass (max, sum, write) in place, rows in parallel: candle's composed op
 /// makes five passes and as many `(rows, V)` buffers, which at beam-search sizes (32 × 58101)
 /// costs more than the output projection. Elsewhere, candle's op.
 fn log_softmax_rows(logits: &Tensor) -> candle::Result<Tensor> {
@@ -576,23 +577,14 @@ fn log_softmax_rows(logits: &Tensor) -> candle::Result<Tensor> {
         return candle_nn::ops::log_softmax(logits, D::Minus1);
     }
     let (rows, v) = logits.dims2()?;
-    let values = logits.flatten_all()?.to_vec1::<f32>()?;
-    let mut out = vec![0f32; rows * v];
-    out.par_chunks_mut(v.max(1))
-        .zip(values.par_chunks(v.max(1)))
-        .for_each(|(o, x)| {
-            let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            if max == f32::NEG_INFINITY {
-                o.copy_from_slice(x); // every token impossible: stays -inf
-                return;
-            }
-            let sum: f32 = x.iter().map(|&z| (z - max).exp()).sum();
-            let log_sum = sum.ln();
-            for (o, &z) in o.iter_mut().zip(x) {
-                *o = z - max - log_sum;
-            }
-        });
-    Tensor::from_vec(out, (rows, v), logits.device())
+    let mut values = logits.flatten_all()?.to_vec1::<f32>()?;
+    values.par_chunks_mut(v.max(1)).for_each(|row| {
+        // A row with every token impossible stays -inf (instead of -inf - -inf = NaN).
+        if row.iter().any(|&z| z > f32::NEG_INFINITY) {
+            log_softmax_in_place(row);
+        }
+    });
+    Tensor::from_vec(values, (rows, v), logits.device())
 }
 
 /// One token per row in, `(rows, V)` next-token log-probabilities (`f32`) out.

@@ -2,7 +2,6 @@
 //! [`TensorFile`]) or `pytorch_model.bin` (a torch pickle, read through candle's `PthTensors`),
 //! behind one [`VarBuilder`] whose errors name the missing tensor and the ones that exist.
 
-use crate::projection::mapped::MappedSafetensors;
 use crate::weights::TensorFile;
 use candle::pickle::PthTensors;
 use candle::{DType, Device, Shape, Tensor};
@@ -16,9 +15,9 @@ pub const WEIGHT_FILES: [&str; 2] = ["model.safetensors", "pytorch_model.bin"];
 /// The state dict of a MarianMT checkpoint, from either file format.
 #[derive(Clone)]
 pub enum MarianWeights {
-    /// `model.safetensors`, also mapped so that its `f32` weights can stay in place (see
+    /// `model.safetensors` (memory-mapped; its `f32` weights can stay in place, see
     /// [`crate::projection::mapped`]).
-    Safetensors(TensorFile, std::sync::Arc<MappedSafetensors>),
+    Safetensors(TensorFile),
     /// `pytorch_model.bin` (a torch zip pickle); tensors are read one at a time.
     Pth(std::sync::Arc<PthTensors>, PathBuf),
 }
@@ -54,10 +53,7 @@ impl MarianWeights {
     /// Opens one weight file, by its extension (`.safetensors`, else a torch pickle).
     pub fn open(path: &Path) -> candle::Result<Self> {
         if path.extension().is_some_and(|e| e == "safetensors") {
-            return Ok(Self::Safetensors(
-                TensorFile::open(path)?,
-                std::sync::Arc::new(MappedSafetensors::open(path)?),
-            ));
+            return Ok(Self::Safetensors(TensorFile::open(path)?));
         }
         let pth = PthTensors::new(path, None).map_err(|e| {
             candle::Error::Msg(format!(
@@ -68,10 +64,11 @@ impl MarianWeights {
         Ok(Self::Pth(std::sync::Arc::new(pth), path.to_path_buf()))
     }
 
-    /// The mapped file, for weights that can be used in place (safetensors only).
-    pub fn mapped(&self) -> Option<&std::sync::Arc<MappedSafetensors>> {
+    /// The safetensors file, whose `f32` weights can be used in place (`None` for a torch
+    /// pickle, whose tensors sit in a zip archive).
+    pub fn mapped(&self) -> Option<&TensorFile> {
         match self {
-            Self::Safetensors(_, m) => Some(m),
+            Self::Safetensors(f) => Some(f),
             Self::Pth(..) => None,
         }
     }
@@ -79,7 +76,7 @@ impl MarianWeights {
     /// The file the weights come from, for messages.
     pub fn origin(&self) -> String {
         match self {
-            Self::Safetensors(f, _) => f.origin().to_string(),
+            Self::Safetensors(f) => f.origin().to_string(),
             Self::Pth(_, path) => path.display().to_string(),
         }
     }
@@ -87,7 +84,7 @@ impl MarianWeights {
     /// Every tensor name, sorted.
     pub fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = match self {
-            Self::Safetensors(f, _) => f.names().into_iter().map(String::from).collect(),
+            Self::Safetensors(f) => f.names().into_iter().map(String::from).collect(),
             Self::Pth(p, _) => p.tensor_infos().keys().cloned().collect(),
         };
         names.sort();
@@ -97,7 +94,7 @@ impl MarianWeights {
     /// True when `name` is stored.
     pub fn contains(&self, name: &str) -> bool {
         match self {
-            Self::Safetensors(f, _) => f.contains(name),
+            Self::Safetensors(f) => f.contains(name),
             Self::Pth(p, _) => p.tensor_infos().contains_key(name),
         }
     }
@@ -105,7 +102,7 @@ impl MarianWeights {
     /// The stored shape of `name`, if stored.
     pub fn shape_of(&self, name: &str) -> Option<Vec<usize>> {
         match self {
-            Self::Safetensors(f, _) => f.shape_of(name).ok(),
+            Self::Safetensors(f) => f.shape_of(name).ok(),
             Self::Pth(p, _) => p
                 .tensor_infos()
                 .get(name)
@@ -125,7 +122,7 @@ impl MarianWeights {
     /// The stored dtype of the first floating-point tensor (`F32`, `F16`, `BF16`).
     pub fn stored_dtype(&self) -> Option<DType> {
         match self {
-            Self::Safetensors(f, _) => f.summaries().iter().find_map(|s| match s.dtype.as_str() {
+            Self::Safetensors(f) => f.summaries().iter().find_map(|s| match s.dtype.as_str() {
                 "F32" => Some(DType::F32),
                 "F16" => Some(DType::F16),
                 "BF16" => Some(DType::BF16),
@@ -143,7 +140,7 @@ impl MarianWeights {
     /// A [`VarBuilder`] over the state dict, converting to `dtype` on `device`.
     pub fn var_builder(&self, dtype: DType, device: &Device) -> VarBuilder<'static> {
         match self {
-            Self::Safetensors(f, _) => f.var_builder(dtype, device),
+            Self::Safetensors(f) => f.var_builder(dtype, device),
             Self::Pth(..) => {
                 VarBuilder::from_backend(Box::new(self.clone()), dtype, device.clone())
             }
@@ -194,7 +191,7 @@ impl SimpleBackend for MarianWeights {
 
     fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle::Result<Tensor> {
         let t = match self {
-            Self::Safetensors(f, _) => f.load(name, dev)?,
+            Self::Safetensors(f) => f.load(name, dev)?,
             Self::Pth(p, _) => p.get(name)?.ok_or_else(|| self.not_found(name))?,
         };
         t.to_device(dev)?.to_dtype(dtype)

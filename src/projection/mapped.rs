@@ -1,36 +1,32 @@
-//! Linear weights read in place from a memory-mapped safetensors file.
+//! Linear weights read in place from a safetensors file.
 //!
 //! Loading a checkpoint the usual way copies every weight into fresh memory, and on this kind
 //! of machine first-touching fresh memory costs about 1 ms per MB: 0.3–0.5 s for an opus-mt
-//! model (296 MB), longer than translating a sentence. Pages of a mapped file that is already
-//! in the page cache map in about 0.1 ms per MB. So for inference, `f32` weights stored in a
-//! safetensors file can stay where they are:
+//! model (296 MB), longer than translating a sentence. Pages of a memory-mapped file that is
+//! already in the page cache map in about 0.1 ms per MB. So for inference, `f32` weights in a
+//! [`TensorFile`] (which maps its file) can stay where they are:
 //!
-//! * [`MappedSafetensors`] maps a file and hands out [`MappedMatrix`] views of its `f32`
-//!   tensors (checked: dtype, bounds, 4-byte alignment);
+//! * [`MappedMatrix::in_file`] views an `f32` tensor of the file in place (checked: dtype,
+//!   size, 4-byte alignment);
 //! * inside [`with_mapped_weights`], the layer constructors of this crate
 //!   ([`crate::MultiHeadAttention::load`] and the Transformer's feed-forward layers) take their
-//!   projection weights from the mapping instead of copying them out of the `VarBuilder`;
+//!   projection weights from the file instead of copying them out of the `VarBuilder`;
 //! * such a [`super::Projection`] computes `y = x Wᵀ + b` with its own kernel, which reads `W`
 //!   row by row where it lies (no packing), on rayon's pool.
 //!
 //! The resident memory of the process then holds each weight once, as page cache shared with
 //! the file, and nothing is copied at load time.
 
-use memmap2::Mmap;
+use crate::weights::TensorFile;
 use rayon::prelude::*;
-use safetensors::tensor::Dtype as StDtype;
-use safetensors::SafeTensors;
 use std::cell::RefCell;
-use std::collections::HashMap;
-use std::path::Path;
-use std::sync::Arc;
 
-/// A row-major `(rows, cols)` `f32` matrix inside a memory-mapped file. Cheap to clone.
+/// A row-major `(rows, cols)` `f32` matrix inside a [`TensorFile`]'s bytes. Cheap to clone
+/// (clones share the file).
 #[derive(Clone)]
 pub struct MappedMatrix {
-    map: Arc<Mmap>,
-    /// Byte offset of element `(0, 0)` in the mapping; a multiple of 4.
+    file: TensorFile,
+    /// Byte offset of element `(0, 0)` in the file; aligned for `f32`.
     offset: usize,
     rows: usize,
     cols: usize,
@@ -40,21 +36,26 @@ impl std::fmt::Debug for MappedMatrix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "MappedMatrix({} x {} at byte {})",
-            self.rows, self.cols, self.offset
+            "MappedMatrix({} x {} at byte {} of {})",
+            self.rows,
+            self.cols,
+            self.offset,
+            self.file.origin()
         )
     }
 }
 
 impl MappedMatrix {
-    /// The matrix at `offset` bytes of `map`, if it lies inside the mapping and is aligned
-    /// for `f32`.
-    fn new(map: Arc<Mmap>, offset: usize, rows: usize, cols: usize) -> Option<Self> {
-        let bytes = rows.checked_mul(cols)?.checked_mul(4)?;
-        let end = offset.checked_add(bytes)?;
-        let aligned = (map.as_ptr() as usize + offset).is_multiple_of(std::mem::align_of::<f32>());
-        (end <= map.len() && aligned).then_some(Self {
-            map,
+    /// The `F32` tensor `name` of `file` as a `(rows, cols)` matrix in place, or `None` when
+    /// it is absent, of another dtype or shape, or not aligned for `f32` (callers then load it
+    /// the ordinary way).
+    pub fn in_file(file: &TensorFile, name: &str, rows: usize, cols: usize) -> Option<Self> {
+        let (offset, shape) = file.f32_location(name, rows.checked_mul(cols)?)?;
+        let fits = shape.last().is_some_and(|&c| c == cols || rows == 1);
+        let aligned =
+            (file.bytes().as_ptr() as usize + offset).is_multiple_of(std::mem::align_of::<f32>());
+        (fits && aligned).then(|| Self {
+            file: file.clone(),
             offset,
             rows,
             cols,
@@ -73,20 +74,18 @@ impl MappedMatrix {
 
     /// The `rows · cols` values, row-major.
     pub fn data(&self) -> &[f32] {
-        let bytes = &self.map[self.offset..self.offset + self.rows * self.cols * 4];
-        // SAFETY: `new` checked that the range lies in the mapping and that its start is
-        // aligned for f32; every bit pattern is a valid f32; the mapping lives as long as
-        // `self.map`, which the returned borrow cannot outlive. The file is mapped read-only
-        // and private: writes by another process to the file are the one thing that could
-        // change these bytes under us, as with any memory-mapped model file (candle's own
-        // `from_mmaped_safetensors` makes the same assumption).
+        let bytes = &self.file.bytes()[self.offset..self.offset + self.rows * self.cols * 4];
+        // SAFETY: `in_file` checked that the tensor is F32 with this many elements inside the
+        // file (the safetensors header was validated by `TensorFile`) and that its start is
+        // aligned for f32; every bit pattern is a valid f32; the bytes live as long as
+        // `self.file`, which the returned borrow cannot outlive.
         unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<f32>(), self.rows * self.cols) }
     }
 
-    /// Rows `start .. start + len`, sharing the mapping.
+    /// Rows `start .. start + len`, sharing the file.
     pub fn narrow_rows(&self, start: usize, len: usize) -> Option<Self> {
         (start.checked_add(len)? <= self.rows).then(|| Self {
-            map: self.map.clone(),
+            file: self.file.clone(),
             offset: self.offset + start * self.cols * 4,
             rows: len,
             cols: self.cols,
@@ -112,73 +111,16 @@ impl MappedMatrix {
     }
 }
 
-/// A safetensors file mapped into memory, serving its `f32` tensors in place.
-pub struct MappedSafetensors {
-    map: Arc<Mmap>,
-    /// name → (dtype, shape, byte offset in the mapping).
-    tensors: HashMap<String, (StDtype, Vec<usize>, usize)>,
-}
-
-impl MappedSafetensors {
-    /// Maps `path` and reads its header (validated by the `safetensors` crate).
-    pub fn open(path: impl AsRef<Path>) -> candle::Result<Self> {
-        let path = path.as_ref();
-        let file = std::fs::File::open(path)
-            .map_err(|e| candle::Error::Msg(format!("cannot open {}: {e}", path.display())))?;
-        // SAFETY: the mapping is read-only and private. As with every memory-mapped model file
-        // (candle's `from_mmaped_safetensors` included), the file must not be truncated or
-        // rewritten while it is mapped; a model directory is not written while a model runs.
-        let map = unsafe { Mmap::map(&file) }
-            .map_err(|e| candle::Error::Msg(format!("cannot map {}: {e}", path.display())))?;
-        let (header_len, metadata) = SafeTensors::read_metadata(&map).map_err(|e| {
-            candle::Error::Msg(format!(
-                "{} is not a valid safetensors file: {e}",
-                path.display()
-            ))
-        })?;
-        let data_start = 8 + header_len;
-        let tensors = metadata
-            .tensors()
-            .into_iter()
-            .map(|(name, info)| {
-                (
-                    name,
-                    (
-                        info.dtype,
-                        info.shape.clone(),
-                        data_start + info.data_offsets.0,
-                    ),
-                )
-            })
-            .collect();
-        Ok(Self {
-            map: Arc::new(map),
-            tensors,
-        })
-    }
-
-    /// The `(rows, cols)` `f32` tensor `name` in place, or `None` when it is absent, of another
-    /// dtype or shape, or not aligned for `f32` (callers then load it the ordinary way).
-    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Option<MappedMatrix> {
-        let (dtype, shape, offset) = self.tensors.get(name)?;
-        let fits = *dtype == StDtype::F32
-            && shape.iter().product::<usize>() == rows * cols
-            && shape.last().is_some_and(|&c| c == cols || rows == 1);
-        fits.then(|| MappedMatrix::new(self.map.clone(), *offset, rows, cols))
-            .flatten()
-    }
-}
-
 thread_local! {
-    static SOURCE: RefCell<Option<Arc<MappedSafetensors>>> = const { RefCell::new(None) };
+    static SOURCE: RefCell<Option<TensorFile>> = const { RefCell::new(None) };
 }
 
 /// Runs `build` with `source` as the place layer constructors take their `f32` projection
 /// weights from, in place (see the module docs); restores the previous state afterwards, also
-/// on error or panic. Weights that cannot be mapped (another dtype, misaligned, absent) are
-/// loaded through the `VarBuilder` as usual.
-pub fn with_mapped_weights<R>(source: &Arc<MappedSafetensors>, build: impl FnOnce() -> R) -> R {
-    struct Restore(Option<Arc<MappedSafetensors>>);
+/// on error or panic. Weights that cannot be used in place (another dtype, misaligned, absent)
+/// are loaded through the `VarBuilder` as usual.
+pub fn with_mapped_weights<R>(source: &TensorFile, build: impl FnOnce() -> R) -> R {
+    struct Restore(Option<TensorFile>);
     impl Drop for Restore {
         fn drop(&mut self) {
             let previous = self.0.take();
@@ -192,7 +134,7 @@ pub fn with_mapped_weights<R>(source: &Arc<MappedSafetensors>, build: impl FnOnc
 
 /// The weight `name` `(rows, cols)` from the active [`with_mapped_weights`] source, if any.
 pub(crate) fn mapped_matrix(name: &str, rows: usize, cols: usize) -> Option<MappedMatrix> {
-    SOURCE.with(|s| s.borrow().as_ref()?.matrix(name, rows, cols))
+    SOURCE.with(|s| MappedMatrix::in_file(s.borrow().as_ref()?, name, rows, cols))
 }
 
 /// Output rows of `W` per parallel task.

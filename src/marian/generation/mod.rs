@@ -63,6 +63,8 @@ mod config;
 mod greedy;
 mod processors;
 
+pub(crate) use processors::log_softmax_in_place;
+
 pub use config::{EarlyStopping, GenerationConfig};
 
 use crate::decode::StepDecoder;
