@@ -207,6 +207,44 @@ pub struct Hypothesis {
     pub finished: bool,
 }
 
+/// Checks one step's output `(rows, vocab)` of a [`StepDecoder`] fed `rows` tokens, the
+/// vocabulary (`check_vocab` at the first step, the same size afterwards), and copies it to the
+/// host as `f32`: `(rows · vocab values, vocab)`. Shared by [`greedy`], [`beam_search`] and
+/// [`crate::marian::generation`].
+pub(crate) fn step_to_host(
+    log_probs: &Tensor,
+    rows: usize,
+    vocab: &mut Option<usize>,
+    check_vocab: impl FnOnce(usize) -> Result<()>,
+) -> Result<(Vec<f32>, usize)> {
+    let (got_rows, v) = match log_probs.dims() {
+        &[r, v] => (r, v),
+        dims => candle::bail!(
+            "StepDecoder::step must return (rows, vocab) log-probabilities, got shape {dims:?} for {rows} rows"
+        ),
+    };
+    if got_rows != rows {
+        candle::bail!(
+            "StepDecoder::step was fed {rows} tokens but returned log-probabilities for {got_rows} rows"
+        )
+    }
+    match *vocab {
+        None => {
+            check_vocab(v)?;
+            *vocab = Some(v);
+        }
+        Some(prev) if prev != v => candle::bail!(
+            "StepDecoder::step changed the vocabulary size from {prev} to {v} between steps"
+        ),
+        Some(_) => {}
+    }
+    let data = log_probs
+        .to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    Ok((data, v))
+}
+
 /// One step's log-probabilities on the host, `rows * vocab` values, row major.
 struct HostLogProbs {
     data: Vec<f32>,
@@ -222,32 +260,8 @@ impl HostLogProbs {
         vocab: &mut Option<usize>,
         cfg: &SearchConfig,
     ) -> Result<Self> {
-        let (got_rows, v) = match log_probs.dims() {
-            &[r, v] => (r, v),
-            dims => candle::bail!(
-                "StepDecoder::step must return (rows, vocab) log-probabilities, got shape {dims:?} for {rows} rows"
-            ),
-        };
-        if got_rows != rows {
-            candle::bail!(
-                "StepDecoder::step was fed {rows} tokens but returned log-probabilities for {got_rows} rows"
-            )
-        }
-        match *vocab {
-            None => {
-                cfg.check_vocab(v)?;
-                *vocab = Some(v);
-            }
-            Some(prev) if prev != v => candle::bail!(
-                "StepDecoder::step changed the vocabulary size from {prev} to {v} between steps"
-            ),
-            Some(_) => {}
-        }
-        let data = log_probs
-            .to_dtype(DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        Ok(Self { data, vocab: v })
+        let (data, vocab) = step_to_host(log_probs, rows, vocab, |v| cfg.check_vocab(v))?;
+        Ok(Self { data, vocab })
     }
 
     fn row(&self, row: usize) -> &[f32] {

@@ -33,48 +33,10 @@ use candle::Result;
 use resvg::tiny_skia;
 use resvg::usvg;
 
-/// Cross-attention weights of one translation.
-#[derive(Clone, Debug, PartialEq)]
-pub struct AttentionMap {
-    /// Source token strings (columns), e.g. `["three", "hundred", "and", "forty", "-", "two"]`.
-    pub source: Vec<String>,
-    /// Output token strings (rows), e.g.
-    /// `["drei", "hundert", "zwei", "und", "vierzig", "</s>"]`.
-    pub output: Vec<String>,
-    /// Weights per head: `weights[h][t][s]`, each row a distribution over source tokens (sums to
-    /// ~1; may be all zeros).
-    pub weights: Vec<Vec<Vec<f32>>>,
-    /// Which decoder layer the weights come from (0-based), for the title.
-    pub layer: usize,
-    /// Number of layers, for the title.
-    pub num_layers: usize,
-}
-
-impl From<candle_attention::translate::translator::Attention> for AttentionMap {
-    /// The shipped translator's cross-attention, labelled with its words and morphemes.
-    fn from(a: candle_attention::translate::translator::Attention) -> Self {
-        Self {
-            source: a.source,
-            output: a.output,
-            weights: a.weights,
-            layer: a.layer,
-            num_layers: a.num_layers,
-        }
-    }
-}
-
-impl From<candle_attention::marian::PieceAttention> for AttentionMap {
-    /// A MarianMT model's cross-attention, labelled with the sentencepiece pieces.
-    fn from(a: candle_attention::marian::PieceAttention) -> Self {
-        Self {
-            source: a.source,
-            output: a.output,
-            weights: a.weights,
-            layer: a.layer,
-            num_layers: a.num_layers,
-        }
-    }
-}
+/// Cross-attention weights of one translation: the library's
+/// [`candle_attention::translate::translator::Attention`], which both the shipped translator
+/// and the MarianMT translator return.
+pub use candle_attention::translate::translator::Attention as AttentionMap;
 
 /// Which heads to draw.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -98,7 +98,7 @@ pub fn run(args: &TranslateArgs) -> anyhow::Result<()> {
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let failed = print_results(&texts, translator.translate(&refs, beam)?);
     draw_first(args, heads, &texts, |text| {
-        Ok(translator.attention(text, args.layer, beam)?.into())
+        Ok(translator.attention(text, args.layer, beam)?)
     })?;
     finish(failed, texts.len())
 }
@@ -114,7 +114,7 @@ fn run_marian(args: &TranslateArgs, dir: &std::path::Path, heads: Heads) -> anyh
     let texts = input_texts(args)?;
     let failed = print_results(&texts, translator.translate(&texts)?);
     draw_first(args, heads, &texts, |text| {
-        Ok(translator.cross_attention(text, args.layer)?.into())
+        Ok(translator.cross_attention(text, args.layer)?)
     })?;
     finish(failed, texts.len())
 }

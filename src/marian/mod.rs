@@ -15,5 +15,5 @@ pub use config::{MarianConfig, TokenIds};
 pub use generation::{generate, generate_padded, GenerationConfig};
 pub use model::{marian_positions, MarianDecodeState, MarianMTModel};
 pub use tokenizer::MarianTokenizer;
-pub use translator::{MarianTranslator, PieceAttention};
+pub use translator::MarianTranslator;
 pub use weights::MarianWeights;

@@ -6,6 +6,7 @@
 use super::generation::{generate, GenerationConfig};
 use super::model::MarianMTModel;
 use super::tokenizer::MarianTokenizer;
+use crate::translate::translator::Attention;
 use candle::{Device, Tensor};
 use std::path::Path;
 
@@ -29,21 +30,6 @@ pub struct MarianTranslator {
     model: MarianMTModel,
     tokenizer: MarianTokenizer,
     generation: GenerationConfig,
-}
-
-/// Cross-attention of one translation, labelled with the subword pieces.
-#[derive(Clone, Debug)]
-pub struct PieceAttention {
-    /// Source pieces (columns), `</s>` last.
-    pub source: Vec<String>,
-    /// Generated pieces (rows), `</s>` last when the model stopped.
-    pub output: Vec<String>,
-    /// `weights[head][output][source]`.
-    pub weights: Vec<Vec<Vec<f32>>>,
-    /// The decoder layer (0-based).
-    pub layer: usize,
-    /// Decoder layers in the model.
-    pub num_layers: usize,
 }
 
 impl MarianTranslator {
@@ -136,12 +122,8 @@ impl MarianTranslator {
     }
 
     /// Translates `text` and returns the encoder-decoder attention of decoder `layer` (default:
-    /// the last) over the source pieces, per head: what a heatmap draws.
-    pub fn cross_attention(
-        &self,
-        text: &str,
-        layer: Option<usize>,
-    ) -> candle::Result<PieceAttention> {
+    /// the last) over the source pieces (`</s>` last), per head: what a heatmap draws.
+    pub fn cross_attention(&self, text: &str, layer: Option<usize>) -> candle::Result<Attention> {
         let ids = self.encode(text)?;
         let device = self.model.device();
         let input = Tensor::new(ids.as_slice(), device)?.unsqueeze(0)?;
@@ -179,7 +161,7 @@ impl MarianTranslator {
             // by id then.
             source = ids.iter().map(|&id| label(id)).collect();
         }
-        Ok(PieceAttention {
+        Ok(Attention {
             source,
             output: generated.iter().map(|&id| label(id)).collect(),
             weights,

@@ -23,14 +23,19 @@ pub struct Translator {
     device: Device,
 }
 
-/// Where one translation looked: tokens and the cross-attention weights of one decoder layer.
+/// Where one translation looked: tokens and the cross-attention weights of one decoder layer
+/// (what the heatmaps draw). Returned by [`Translator::attention`] and by
+/// [`crate::marian::MarianTranslator::cross_attention`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Attention {
-    /// Source tokens (the normalised English words).
+    /// Source tokens (columns): the normalised English words for the shipped translator, the
+    /// sentencepiece pieces (`</s>` last) for MarianMT.
     pub source: Vec<String>,
-    /// Output tokens (German morphemes), ending with `</s>` when the model stopped.
+    /// Output tokens (rows): German morphemes or target pieces, ending with `</s>` when the
+    /// model stopped.
     pub output: Vec<String>,
-    /// `weights[head][output][source]`.
+    /// `weights[head][output][source]`, each row a distribution over the source tokens (sums to
+    /// ~1; all zeros for a fully masked row).
     pub weights: Vec<Vec<Vec<f32>>>,
     /// The layer (0-based).
     pub layer: usize,

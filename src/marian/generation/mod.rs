@@ -67,8 +67,8 @@ pub(crate) use processors::log_softmax_in_place;
 
 pub use config::{EarlyStopping, GenerationConfig};
 
-use crate::decode::StepDecoder;
-use candle::{DType, Result};
+use crate::decode::{step_to_host, StepDecoder};
+use candle::Result;
 use config::Resolved;
 
 /// One step's log-probabilities copied to the host as `f32`, `rows * vocab` values.
@@ -94,30 +94,8 @@ fn fetch_step<M: StepDecoder>(
     cfg: &Resolved,
 ) -> Result<HostStep> {
     let out = model.step(state, tokens)?;
-    let (rows, v) = match out.dims() {
-        &[r, v] => (r, v),
-        dims => candle::bail!(
-            "StepDecoder::step must return (rows, vocab) log-probabilities, got shape {dims:?} for {} rows",
-            tokens.len()
-        ),
-    };
-    if rows != tokens.len() {
-        candle::bail!(
-            "StepDecoder::step was fed {} tokens but returned log-probabilities for {rows} rows",
-            tokens.len()
-        )
-    }
-    match *vocab {
-        None => {
-            cfg.check_vocab(v)?;
-            *vocab = Some(v);
-        }
-        Some(prev) if prev != v => candle::bail!(
-            "StepDecoder::step changed the vocabulary size from {prev} to {v} between steps"
-        ),
-        Some(_) => {}
-    }
-    let data = out.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    let rows = tokens.len();
+    let (data, v) = step_to_host(&out, rows, vocab, |v| cfg.check_vocab(v))?;
     Ok(HostStep {
         data,
         rows,
