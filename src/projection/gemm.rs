@@ -126,42 +126,201 @@ unsafe fn block(
 ) {
     let Operands { m, k, n, col0, .. } = *op;
     assert!(rows.start < rows.end && rows.end <= m && cols.end <= n);
-    let nr = rows.len();
     let mut c = cols.start;
     while c < cols.end {
         // One segment: the columns up to the end of the panel column `col0 + c` lies in.
         let (p, within) = ((col0 + c) / PANEL, (col0 + c) % PANEL);
         let w = (PANEL - within).min(cols.end - c);
-        // SAFETY: rows `rows` (< m) and columns c .. c + w (<= cols.end <= n) belong to this
-        // task (the caller's contract): row i of the block starts at (rows.start + i) * n + c,
-        // and its w floats end before (rows.end - 1) * n + n <= m * n.
-        let yb = out.0.add(rows.start * n + c);
-        for i in 0..nr {
-            let row = yb.add(i * n);
-            match op.bias {
-                Some(b) => std::ptr::copy_nonoverlapping(b[c..c + w].as_ptr(), row, w),
-                None => std::ptr::write_bytes(row, 0, w),
+        let panel = &op.panels[p * k * PANEL + within..(p + 1) * k * PANEL];
+        // SAFETY: rows `rows` × columns c .. c + w are this task's (the caller's contract).
+        segment(isa, k, n, xp, rows.clone(), c, w, panel, op.bias, out);
+        c += w;
+    }
+}
+
+/// Output rows `rows` × columns `c .. c + w` (`w <= 64`) `= bias + x · Wᵀ`, where
+/// `panel[kk * 64 + j]` is `Wᵀ[kk, c + j]` and `xp` holds the packed rows from `rows.start`
+/// on: the bias (or zero) is written first, then the product added chunk by chunk of [`KC`]
+/// inputs, so that the chunk of the panel stays in L1 while every micro-tile uses it.
+///
+/// # Safety
+/// `out` points to the `m * n` floats of the output (`rows.end <= m`, `c + w <= n`), and
+/// nothing else reads or writes those rows in those columns while this runs.
+#[allow(clippy::too_many_arguments)]
+unsafe fn segment(
+    isa: Isa,
+    k: usize,
+    n: usize,
+    xp: &[f32],
+    rows: std::ops::Range<usize>,
+    c: usize,
+    w: usize,
+    panel: &[f32],
+    bias: Option<&[f32]>,
+    out: OutPtr,
+) {
+    assert!(rows.start < rows.end && c + w <= n && (1..=PANEL).contains(&w));
+    let nr = rows.len();
+    // SAFETY: row i of the rectangle starts at (rows.start + i) * n + c, and its w floats end
+    // before (rows.end - 1) * n + n <= m * n (the caller's contract).
+    let yb = out.0.add(rows.start * n + c);
+    for i in 0..nr {
+        let row = yb.add(i * n);
+        match bias {
+            Some(b) => std::ptr::copy_nonoverlapping(b[c..c + w].as_ptr(), row, w),
+            None => std::ptr::write_bytes(row, 0, w),
+        }
+    }
+    let mut k0 = 0;
+    while k0 < k {
+        let kc = KC.min(k - k0);
+        // SAFETY: as above, the rows of `yb` are this task's alone.
+        accumulate(
+            isa,
+            &xp[k0 * R..],
+            R * k,
+            kc,
+            &panel[k0 * PANEL..],
+            yb,
+            n,
+            nr,
+            w,
+        );
+        k0 += kc;
+    }
+}
+
+/// `y` `(m, n)` row-major `= x · Wᵀ + bias` for a row-major `W` `(n, k)` read where it lies
+/// (a memory-mapped file: [`super::mapped`]), with the packed micro-kernel: each task
+/// transposes one 64-row strip of `W` into a panel (the layout of [`super::Weight::Packed`])
+/// in a scratch buffer of its thread, then multiplies every row block of `x` with it. The
+/// transposition costs about one shuffle per four weights per call, which the rows of `x`
+/// pay back: below a few rows the row-by-row kernel of [`super::mapped`] is faster.
+pub(super) fn gemm_rows(
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[f32],
+    n: usize,
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
+    assert!(k > 0 && x.len() >= m * k && w.len() >= n * k);
+    assert!(bias.is_none_or(|b| b.len() >= n));
+    let parallel = rayon::current_num_threads() > 1 && m * n * k >= PARALLEL_MIN_MACS;
+    let mb = m.div_ceil(m.div_ceil(MB)).div_ceil(R) * R;
+    let strips = n.div_ceil(PANEL);
+    // As in `gemm`: every element is written (bias or zero) before it is accumulated into.
+    let mut y = Vec::<f32>::with_capacity(m * n);
+    let out = OutPtr(y.as_mut_ptr());
+    with_scratch(m.div_ceil(R) * R * k, |xp| {
+        pack_rows(&x[..m * k], k, xp);
+        let xp = &*xp;
+        let task = |s: usize| {
+            let c = s * PANEL;
+            let cols = PANEL.min(n - c);
+            with_panel_scratch(k * PANEL, |panel| {
+                pack_strip(isa, &w[c * k..(c + cols) * k], cols, k, panel);
+                let mut r0 = 0;
+                while r0 < m {
+                    let rows = r0..m.min(r0 + mb);
+                    // SAFETY: strip `s` alone writes columns c .. c + cols (the strips
+                    // partition the columns), of every row; `out` points to the m · n
+                    // floats of `y`, which outlive the loop.
+                    unsafe { segment(isa, k, n, &xp[r0 * k..], rows, c, cols, panel, bias, out) };
+                    r0 += mb;
+                }
+            });
+        };
+        if parallel {
+            (0..strips).into_par_iter().for_each(task);
+        } else {
+            (0..strips).for_each(task);
+        }
+    });
+    // SAFETY: the capacity is m · n, and the strips, which partition the columns, each wrote
+    // every element of their columns in every row (`segment` writes the bias or zero first).
+    unsafe { y.set_len(m * n) };
+    y
+}
+
+thread_local! {
+    /// The panel a [`gemm_rows`] task transposes its strip into (`k · 64` floats: 128 KiB for
+    /// `k = 512`), kept per thread across tasks and calls. Separate from
+    /// [`with_scratch`]'s buffer, which the calling thread holds for the packed rows while it
+    /// may run tasks itself.
+    static PANEL_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with this thread's panel buffer of `len` floats (contents unspecified).
+fn with_panel_scratch<T>(len: usize, f: impl FnOnce(&mut [f32]) -> T) -> T {
+    PANEL_SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            if buf.len() < len {
+                buf.resize(len, 0.0);
+            }
+            f(&mut buf[..len])
+        }
+        Err(_) => f(&mut vec![0.0; len]),
+    })
+}
+
+/// Transposes `cols` rows of `W` (`k` floats each, row-major) into a panel:
+/// `panel[kk * 64 + j] = rows[j * k + kk]` for `j < cols <= 64`, `kk < k`. Lanes `j >= cols`
+/// are unspecified (the micro-kernel never reads them into a result).
+fn pack_strip(isa: Isa, rows: &[f32], cols: usize, k: usize, panel: &mut [f32]) {
+    assert!(cols <= PANEL && rows.len() >= cols * k && panel.len() >= k * PANEL);
+    match isa {
+        // SAFETY: `Isa::Avx512` exists only after avx512f was detected; the lengths are
+        // asserted above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { pack_strip_avx512(rows, cols, k, panel) },
+        _ => {
+            for (j, row) in rows.chunks_exact(k).take(cols).enumerate() {
+                for (kk, &v) in row.iter().enumerate() {
+                    panel[kk * PANEL + j] = v;
+                }
             }
         }
-        let panel = &op.panels[p * k * PANEL..(p + 1) * k * PANEL];
+    }
+}
+
+/// [`pack_strip`] by 16 × 16 blocks transposed in registers (a scalar transposition would
+/// cost more than the products at a few rows of `x`).
+///
+/// # Safety
+/// AVX-512F available; `cols <= 64`, `rows.len() >= cols * k`, `panel.len() >= k * 64`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn pack_strip_avx512(rows: &[f32], cols: usize, k: usize, panel: &mut [f32]) {
+    use crate::simd::avx512::transpose_16x16;
+    use core::arch::x86_64::*;
+    let (src, dst) = (rows.as_ptr(), panel.as_mut_ptr());
+    let mut j0 = 0;
+    while j0 < cols {
+        let nj = (cols - j0).min(16);
         let mut k0 = 0;
         while k0 < k {
-            let kc = KC.min(k - k0);
-            // SAFETY: as above, the rows of `yb` are this task's alone.
-            accumulate(
-                isa,
-                &xp[k0 * R..],
-                R * k,
-                kc,
-                &panel[k0 * PANEL + within..],
-                yb,
-                n,
-                nr,
-                w,
-            );
-            k0 += kc;
+            let nk = (k - k0).min(16);
+            let mask: __mmask16 = if nk == 16 { 0xffff } else { (1u16 << nk) - 1 };
+            let mut r = [_mm512_setzero_ps(); 16];
+            for (j, r) in r.iter_mut().enumerate().take(nj) {
+                // SAFETY: row j0 + j < cols, inputs k0 .. k0 + nk <= k (masked: the lanes
+                // past nk are neither read nor faulted on).
+                *r = _mm512_maskz_loadu_ps(mask, src.add((j0 + j) * k + k0));
+                // The next strip's line, into L2 (a hint, never a fault): `W` streams from
+                // memory, and the hardware prefetcher does not follow 16 row streams.
+                _mm_prefetch::<_MM_HINT_T1>(src.wrapping_add((PANEL + j0 + j) * k + k0).cast());
+            }
+            let t = transpose_16x16(r);
+            for (kk, t) in t.iter().enumerate().take(nk) {
+                // SAFETY: panel row k0 + kk < k, lanes j0 .. j0 + 16 <= 64 (j0 < cols <= 64
+                // and j0 is a multiple of 16).
+                _mm512_storeu_ps(dst.add((k0 + kk) * PANEL + j0), *t);
+            }
+            k0 += 16;
         }
-        c += w;
+        j0 += 16;
     }
 }
 

@@ -14,38 +14,14 @@
 
 #![allow(clippy::too_many_arguments)]
 
-use super::tiled::{BQ, EXP2_POLY};
-use crate::simd::avx512::{load, store};
+use super::tiled::BQ;
+use crate::simd::avx512::{exp2_ps, load, store, transpose_16x16};
 use core::arch::x86_64::*;
 
 /// Keys per micro-tile of the score kernel.
 const RS: usize = 6;
 /// Queries per micro-tile of the P·V kernel.
 const RP: usize = 6;
-
-/// `2^x` for `x <= 0` (also right for positive `x`: `+inf` past 128), 16 lanes; anything below
-/// -126 (including `-inf`) gives exactly `0`, NaN gives NaN. Relative error about 2e-7 (degree-6 polynomial on
-/// `[-0.5, 0.5]`). Never produces a denormal: on Intel cores an underflowing `vscalefps`
-/// takes a microcode assist (~100 cycles), which made masked tiles several times slower.
-///
-/// # Safety
-/// AVX-512F available (it only computes on registers; no memory is touched).
-#[inline(always)]
-unsafe fn exp2_ps(x: __m512) -> __m512 {
-    // NaN must stay NaN (a NaN or +inf score makes torch's row NaN, and ours): `NLT_UQ` is
-    // true for NaN, and max returns its second operand when either is NaN. No upper clamp:
-    // `vscalefps` saturates to +inf by itself (and softmax only ever passes x <= 0).
-    let live = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, _mm512_set1_ps(-126.0));
-    let x = _mm512_max_ps(_mm512_set1_ps(-126.0), x);
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
-    let f = _mm512_sub_ps(x, n);
-    let c = EXP2_POLY;
-    let mut p = _mm512_set1_ps(c[0]);
-    for &ci in &c[1..] {
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(ci));
-    }
-    _mm512_maskz_scalef_ps(live, p, n)
-}
 
 /// Scores of `nk` keys against `16 * nv` queries, times `c`:
 /// `st[j * BQ + i] = c · Σ_d k[j * ks + d] * qt[d * BQ + i]`. (Scaling the sum rather than the
@@ -182,47 +158,6 @@ pub unsafe fn transpose_queries(q: *const f32, qs: usize, nq: usize, d: usize, q
         }
         i0 += 16;
     }
-}
-
-/// Transposes 16 rows of 16 floats: `out[c]` lane `r` = `rows[r]` lane `c`.
-///
-/// # Safety
-/// AVX-512F available (registers only).
-#[inline(always)]
-unsafe fn transpose_16x16(r: [__m512; 16]) -> [__m512; 16] {
-    let pd = _mm512_castps_pd;
-    let ps = _mm512_castpd_ps;
-    // Stage 1: interleave 32-bit pairs of rows (2k, 2k + 1) within 128-bit lanes.
-    let mut t = [_mm512_setzero_ps(); 16];
-    for k in 0..8 {
-        t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-        t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-    }
-    // Stage 2: interleave 64-bit pairs: u[4k + j] holds column j (mod 4) of rows 4k .. 4k + 4.
-    let mut u = [_mm512_setzero_ps(); 16];
-    for k in 0..4 {
-        let (a, b, c, e) = (t[4 * k], t[4 * k + 1], t[4 * k + 2], t[4 * k + 3]);
-        u[4 * k] = ps(_mm512_unpacklo_pd(pd(a), pd(c)));
-        u[4 * k + 1] = ps(_mm512_unpackhi_pd(pd(a), pd(c)));
-        u[4 * k + 2] = ps(_mm512_unpacklo_pd(pd(b), pd(e)));
-        u[4 * k + 3] = ps(_mm512_unpackhi_pd(pd(b), pd(e)));
-    }
-    // Stages 3 and 4: gather the 128-bit lanes (0x88: lanes 0, 2 of each; 0xdd: lanes 1, 3).
-    let mut v = [_mm512_setzero_ps(); 16];
-    for j in 0..4 {
-        v[j] = _mm512_shuffle_f32x4::<0x88>(u[j], u[4 + j]);
-        v[4 + j] = _mm512_shuffle_f32x4::<0xdd>(u[j], u[4 + j]);
-        v[8 + j] = _mm512_shuffle_f32x4::<0x88>(u[8 + j], u[12 + j]);
-        v[12 + j] = _mm512_shuffle_f32x4::<0xdd>(u[8 + j], u[12 + j]);
-    }
-    let mut out = [_mm512_setzero_ps(); 16];
-    for j in 0..4 {
-        out[j] = _mm512_shuffle_f32x4::<0x88>(v[j], v[8 + j]);
-        out[4 + j] = _mm512_shuffle_f32x4::<0x88>(v[4 + j], v[12 + j]);
-        out[8 + j] = _mm512_shuffle_f32x4::<0xdd>(v[j], v[8 + j]);
-        out[12 + j] = _mm512_shuffle_f32x4::<0xdd>(v[4 + j], v[12 + j]);
-    }
-    out
 }
 
 /// Adds `kb[j]` (already in the log2 domain) to row `j` of the score tile, for `16 * nv` queries.

@@ -43,17 +43,7 @@ use std::f32::consts::LOG2_E;
 
 /// Queries per block (the width of the score tile; fixed by the micro-kernels).
 pub const BQ: usize = 64;
-/// Coefficients (highest degree first) of the polynomial approximating `2^f` on
-/// `[-0.5, 0.5]`, relative error 2.2e-9 (least squares on Chebyshev nodes).
-pub(crate) const EXP2_POLY: [f32; 7] = [
-    1.537_071_6e-4,
-    1.339_985_8e-3,
-    9.618_374e-3,
-    5.550_329e-2,
-    0.240_226_49,
-    std::f32::consts::LN_2,
-    1.0,
-];
+pub(crate) use crate::simd::EXP2_POLY;
 
 /// Default number of keys per block.
 pub const DEFAULT_BLOCK_K: usize = 128;

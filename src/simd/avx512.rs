@@ -1,8 +1,9 @@
-//! Masked AVX-512 loads and stores: how the micro-kernels of the tiled attention
-//! (`crate::sdpa::avx512`) and of the projection GEMM (`crate::projection::avx512`) touch the
-//! last, partial vector of a row without reading or writing past it.
+//! AVX-512 helpers shared by the micro-kernels of the tiled attention (`crate::sdpa::avx512`)
+//! and of the projection GEMM (`crate::projection`): masked loads and stores, how they touch the
+//! last, partial vector of a row without reading or writing past it, and a 16 × 16 transpose in
+//! registers (query blocks; strips of a weight matrix read in place).
 //!
-//! Both are `unsafe` and `#[inline(always)]` into callers compiled with
+//! All are `unsafe` and `#[inline(always)]` into callers compiled with
 //! `#[target_feature(enable = "avx512f")]`; those callers are only reached through
 //! [`super::Isa::Avx512`], which exists only after `is_x86_feature_detected!("avx512f")`.
 
@@ -32,6 +33,71 @@ pub(crate) unsafe fn store(masked: bool, tail: __mmask16, p: *mut f32, a: __m512
     } else {
         _mm512_storeu_ps(p, a)
     }
+}
+
+/// `2^x` for `x <= 0` (also right for positive `x`: `+inf` past 128), 16 lanes; anything below
+/// -126 (including `-inf`) gives exactly `0`, NaN gives NaN. Relative error about 2e-7 (degree-6 polynomial on
+/// `[-0.5, 0.5]`). Never produces a denormal: on Intel cores an underflowing `vscalefps`
+/// takes a microcode assist (~100 cycles), which made masked tiles several times slower.
+///
+/// # Safety
+/// AVX-512F available (it only computes on registers; no memory is touched).
+#[inline(always)]
+pub(crate) unsafe fn exp2_ps(x: __m512) -> __m512 {
+    // NaN must stay NaN (a NaN or +inf score makes torch's row NaN, and ours): `NLT_UQ` is
+    // true for NaN, and max returns its second operand when either is NaN. No upper clamp:
+    // `vscalefps` saturates to +inf by itself (and softmax only ever passes x <= 0).
+    let live = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, _mm512_set1_ps(-126.0));
+    let x = _mm512_max_ps(_mm512_set1_ps(-126.0), x);
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+    let f = _mm512_sub_ps(x, n);
+    let c = super::EXP2_POLY;
+    let mut p = _mm512_set1_ps(c[0]);
+    for &ci in &c[1..] {
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(ci));
+    }
+    _mm512_maskz_scalef_ps(live, p, n)
+}
+
+/// Transposes 16 rows of 16 floats: `out[c]` lane `r` = `rows[r]` lane `c`.
+///
+/// # Safety
+/// AVX-512F available (registers only).
+#[inline(always)]
+pub(crate) unsafe fn transpose_16x16(r: [__m512; 16]) -> [__m512; 16] {
+    let pd = _mm512_castps_pd;
+    let ps = _mm512_castpd_ps;
+    // Stage 1: interleave 32-bit pairs of rows (2k, 2k + 1) within 128-bit lanes.
+    let mut t = [_mm512_setzero_ps(); 16];
+    for k in 0..8 {
+        t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    // Stage 2: interleave 64-bit pairs: u[4k + j] holds column j (mod 4) of rows 4k .. 4k + 4.
+    let mut u = [_mm512_setzero_ps(); 16];
+    for k in 0..4 {
+        let (a, b, c, e) = (t[4 * k], t[4 * k + 1], t[4 * k + 2], t[4 * k + 3]);
+        u[4 * k] = ps(_mm512_unpacklo_pd(pd(a), pd(c)));
+        u[4 * k + 1] = ps(_mm512_unpackhi_pd(pd(a), pd(c)));
+        u[4 * k + 2] = ps(_mm512_unpacklo_pd(pd(b), pd(e)));
+        u[4 * k + 3] = ps(_mm512_unpackhi_pd(pd(b), pd(e)));
+    }
+    // Stages 3 and 4: gather the 128-bit lanes (0x88: lanes 0, 2 of each; 0xdd: lanes 1, 3).
+    let mut v = [_mm512_setzero_ps(); 16];
+    for j in 0..4 {
+        v[j] = _mm512_shuffle_f32x4::<0x88>(u[j], u[4 + j]);
+        v[4 + j] = _mm512_shuffle_f32x4::<0xdd>(u[j], u[4 + j]);
+        v[8 + j] = _mm512_shuffle_f32x4::<0x88>(u[8 + j], u[12 + j]);
+        v[12 + j] = _mm512_shuffle_f32x4::<0xdd>(u[8 + j], u[12 + j]);
+    }
+    let mut out = [_mm512_setzero_ps(); 16];
+    for j in 0..4 {
+        out[j] = _mm512_shuffle_f32x4::<0x88>(v[j], v[8 + j]);
+        out[4 + j] = _mm512_shuffle_f32x4::<0x88>(v[4 + j], v[12 + j]);
+        out[8 + j] = _mm512_shuffle_f32x4::<0xdd>(v[j], v[8 + j]);
+        out[12 + j] = _mm512_shuffle_f32x4::<0xdd>(v[4 + j], v[12 + j]);
+    }
+    out
 }
 
 #[cfg(test)]

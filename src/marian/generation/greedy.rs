@@ -5,19 +5,9 @@ use super::fetch_step;
 use super::processors::process;
 use crate::decode::reorder_unless_identity;
 use crate::decode::StepDecoder;
+/// `torch.argmax`: the first maximum, NaN above everything ([`crate::simd::rows::argmax`]).
+use crate::simd::rows::argmax;
 use candle::Result;
-
-/// `torch.argmax`: the first maximum; NaN counts as larger than everything (the first NaN wins).
-pub(crate) fn argmax(scores: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &x) in scores.iter().enumerate().skip(1) {
-        let b = scores[best];
-        if !b.is_nan() && (x.is_nan() || x > b) {
-            best = i;
-        }
-    }
-    best
-}
 
 /// Runs greedy search; returns each item's sequence (start token first, EOS included when
 /// generated), unpadded.
@@ -58,16 +48,4 @@ pub(crate) fn greedy<M: StepDecoder>(
         }
     }
     Ok(seqs)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::argmax;
-
-    #[test]
-    fn argmax_is_torchs() {
-        assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
-        assert_eq!(argmax(&[f32::NEG_INFINITY; 4]), 0);
-        assert_eq!(argmax(&[1.0, f32::NAN, 5.0, f32::NAN]), 1);
-    }
 }

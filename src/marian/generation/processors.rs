@@ -7,6 +7,9 @@
 //! (`input_ids` in `transformers`), so `prefix.len()` is `cur_len`.
 
 use super::config::Resolved;
+/// `log_softmax` in `f32` (LogitNormalization), as torch computes it (vectorised; see
+/// [`crate::simd::rows`]).
+pub(crate) use crate::simd::rows::log_softmax_in_place;
 
 /// Applies every enabled processor to `scores` (`vocab` values) in place.
 pub(crate) fn process(cfg: &Resolved, prefix: &[u32], scores: &mut [f32]) {
@@ -77,17 +80,6 @@ fn bad_words(words: &[Vec<u32>], prefix: &[u32], scores: &mut [f32]) {
         if head.len() <= prefix.len() && prefix.ends_with(head) {
             scores[*last as usize] += f32::NEG_INFINITY;
         }
-    }
-}
-
-/// `log_softmax` in `f32` (LogitNormalization), as torch computes it: `(x - max) - ln(sum
-/// exp(x - max))`. torch's vectorised `exp` and summation order can differ in the last bit.
-pub(crate) fn log_softmax_in_place(scores: &mut [f32]) {
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f32 = scores.iter().map(|&x| (x - max).exp()).sum();
-    let log_sum = sum.ln();
-    for x in scores.iter_mut() {
-        *x = (*x - max) - log_sum;
     }
 }
 
