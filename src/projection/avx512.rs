@@ -7,6 +7,7 @@
 
 #![allow(clippy::too_many_arguments)]
 
+use super::gemm::Ahead;
 use super::PANEL;
 use crate::simd::avx512::{load, store};
 use core::arch::x86_64::*;
@@ -32,6 +33,7 @@ pub unsafe fn accumulate(
     ys: usize,
     nr: usize,
     w: usize,
+    ahead: Option<Ahead>,
 ) {
     let nv = w.div_ceil(16);
     let last = w - 16 * (nv - 1); // 1..=16 lanes in the last vector
@@ -44,14 +46,14 @@ pub unsafe fn accumulate(
     // (the common case) take unmasked loads and stores: on Intel cores a masked load costs an
     // extra vector µop on the FMA ports.
     match (nv, last == 16) {
-        (1, false) => rows::<1, false>(x, gs, kc, wp, y, ys, nr, tail),
-        (2, false) => rows::<2, false>(x, gs, kc, wp, y, ys, nr, tail),
-        (3, false) => rows::<3, false>(x, gs, kc, wp, y, ys, nr, tail),
-        (_, false) => rows::<4, false>(x, gs, kc, wp, y, ys, nr, tail),
-        (1, true) => rows::<1, true>(x, gs, kc, wp, y, ys, nr, tail),
-        (2, true) => rows::<2, true>(x, gs, kc, wp, y, ys, nr, tail),
-        (3, true) => rows::<3, true>(x, gs, kc, wp, y, ys, nr, tail),
-        (_, true) => rows::<4, true>(x, gs, kc, wp, y, ys, nr, tail),
+        (1, false) => rows::<1, false>(x, gs, kc, wp, y, ys, nr, tail, ahead),
+        (2, false) => rows::<2, false>(x, gs, kc, wp, y, ys, nr, tail, ahead),
+        (3, false) => rows::<3, false>(x, gs, kc, wp, y, ys, nr, tail, ahead),
+        (_, false) => rows::<4, false>(x, gs, kc, wp, y, ys, nr, tail, ahead),
+        (1, true) => rows::<1, true>(x, gs, kc, wp, y, ys, nr, tail, ahead),
+        (2, true) => rows::<2, true>(x, gs, kc, wp, y, ys, nr, tail, ahead),
+        (3, true) => rows::<3, true>(x, gs, kc, wp, y, ys, nr, tail, ahead),
+        (_, true) => rows::<4, true>(x, gs, kc, wp, y, ys, nr, tail, ahead),
     }
 }
 
@@ -70,22 +72,37 @@ unsafe fn rows<const NV: usize, const FULL: bool>(
     ys: usize,
     nr: usize,
     tail: __mmask16,
+    ahead: Option<Ahead>,
 ) {
+    // The prefetch address of micro-tile `t`, if it prefetches.
+    let pf = |t: usize| {
+        ahead
+            .filter(|a| t < a.tiles)
+            .map(|a| a.base.wrapping_add(t * a.per_tile))
+    };
     let mut i = 0;
     while i + R <= nr {
         // SAFETY: rows i .. i + R <= nr (group i / R) of `x` and `y` are in the caller's
         // contract.
-        tile::<NV, R, FULL>(x.add(i / R * gs), kc, wp, y.add(i * ys), ys, tail);
+        tile::<NV, R, FULL>(
+            x.add(i / R * gs),
+            kc,
+            wp,
+            y.add(i * ys),
+            ys,
+            tail,
+            pf(i / R),
+        );
         i += R;
     }
     // SAFETY: as above for the last nr - i < R rows (i <= nr), the first rows of group i / R.
-    let (xi, yi) = (x.add(i / R * gs), y.add(i * ys));
+    let (xi, yi, p) = (x.add(i / R * gs), y.add(i * ys), pf(i / R));
     match nr - i {
-        1 => tile::<NV, 1, FULL>(xi, kc, wp, yi, ys, tail),
-        2 => tile::<NV, 2, FULL>(xi, kc, wp, yi, ys, tail),
-        3 => tile::<NV, 3, FULL>(xi, kc, wp, yi, ys, tail),
-        4 => tile::<NV, 4, FULL>(xi, kc, wp, yi, ys, tail),
-        5 => tile::<NV, 5, FULL>(xi, kc, wp, yi, ys, tail),
+        1 => tile::<NV, 1, FULL>(xi, kc, wp, yi, ys, tail, p),
+        2 => tile::<NV, 2, FULL>(xi, kc, wp, yi, ys, tail, p),
+        3 => tile::<NV, 3, FULL>(xi, kc, wp, yi, ys, tail, p),
+        4 => tile::<NV, 4, FULL>(xi, kc, wp, yi, ys, tail, p),
+        5 => tile::<NV, 5, FULL>(xi, kc, wp, yi, ys, tail, p),
         _ => {}
     }
 }
@@ -107,6 +124,7 @@ unsafe fn tile<const NV: usize, const RR: usize, const FULL: bool>(
     y: *mut f32,
     ys: usize,
     tail: __mmask16,
+    prefetch: Option<*const f32>,
 ) {
     // Only the last vector of a partial panel is masked (known at compile time).
     let masked = |v: usize| !FULL && v + 1 == NV;
@@ -117,6 +135,10 @@ unsafe fn tile<const NV: usize, const RR: usize, const FULL: bool>(
         }
     }
     for kk in 0..kc {
+        if let Some(p) = prefetch {
+            // A hint: never faults, whatever the address.
+            _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(16 * kk).cast());
+        }
         let wr = wp.add(kk * PANEL);
         let mut wv = [_mm512_setzero_ps(); NV];
         for (v, wv) in wv.iter_mut().enumerate() {

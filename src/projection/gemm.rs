@@ -133,7 +133,7 @@ unsafe fn block(
         let w = (PANEL - within).min(cols.end - c);
         let panel = &op.panels[p * k * PANEL + within..(p + 1) * k * PANEL];
         // SAFETY: rows `rows` × columns c .. c + w are this task's (the caller's contract).
-        segment(isa, k, n, xp, rows.clone(), c, w, panel, op.bias, out);
+        segment(isa, k, n, xp, rows.clone(), c, w, panel, op.bias, out, None);
         c += w;
     }
 }
@@ -158,6 +158,7 @@ unsafe fn segment(
     panel: &[f32],
     bias: Option<&[f32]>,
     out: OutPtr,
+    next: Option<*const f32>,
 ) {
     assert!(rows.start < rows.end && c + w <= n && (1..=PANEL).contains(&w));
     let nr = rows.len();
@@ -185,6 +186,13 @@ unsafe fn segment(
             n,
             nr,
             w,
+            // The next strip (64 rows of `k`: 4 · k lines), k lines per micro-tile, the
+            // lines of this chunk's inputs.
+            next.map(|p| Ahead {
+                base: p.wrapping_add(16 * k0),
+                per_tile: 16 * k,
+                tiles: PANEL / 16,
+            }),
         );
         k0 += kc;
     }
@@ -221,13 +229,29 @@ pub(super) fn gemm_rows(
             let cols = PANEL.min(n - c);
             with_panel_scratch(k * PANEL, |panel| {
                 pack_strip(isa, &w[c * k..(c + cols) * k], cols, k, panel);
+                // While this strip is multiplied, the next one is prefetched into L2.
+                let next = (c + PANEL < n).then(|| w[(c + PANEL) * k..].as_ptr());
                 let mut r0 = 0;
                 while r0 < m {
                     let rows = r0..m.min(r0 + mb);
                     // SAFETY: strip `s` alone writes columns c .. c + cols (the strips
                     // partition the columns), of every row; `out` points to the m · n
                     // floats of `y`, which outlive the loop.
-                    unsafe { segment(isa, k, n, &xp[r0 * k..], rows, c, cols, panel, bias, out) };
+                    unsafe {
+                        segment(
+                            isa,
+                            k,
+                            n,
+                            &xp[r0 * k..],
+                            rows,
+                            c,
+                            cols,
+                            panel,
+                            bias,
+                            out,
+                            next,
+                        )
+                    };
                     r0 += mb;
                 }
             });
@@ -347,6 +371,21 @@ fn pack_rows(rows: &[f32], k: usize, xp: &mut [f32]) {
     }
 }
 
+/// Memory the micro-kernel prefetches into L2 while it computes, one 64-byte line per input
+/// step: micro-tile `t < tiles` of a call fetches the lines at `base + t * per_tile + 16 * kk`.
+/// [`gemm_rows`] points it at the next strip of a weight read in place, so that
+/// the strip's transposition finds it in L2 instead of stalling on memory between products.
+#[derive(Clone, Copy)]
+pub(super) struct Ahead {
+    /// Any address: prefetches are hints and never fault, so it is only ever offset with
+    /// wrapping arithmetic and never dereferenced.
+    pub(super) base: *const f32,
+    /// Floats between the first lines of consecutive micro-tiles.
+    pub(super) per_tile: usize,
+    /// The micro-tiles that prefetch.
+    pub(super) tiles: usize,
+}
+
 /// `y[i * ys + c] += Σ_kk x(i, kk) · wp[kk * 64 + c]` for rows `i < nr`, columns `c < w`,
 /// inputs `kk < kc`, with `x(i, kk) = x[(i / 6) * gs + kk * 6 + i % 6]` (packed rows).
 ///
@@ -364,6 +403,7 @@ unsafe fn accumulate(
     ys: usize,
     nr: usize,
     w: usize,
+    ahead: Option<Ahead>,
 ) {
     assert!((1..=PANEL).contains(&w) && kc > 0 && gs >= R * kc);
     assert!(nr == 0 || x.len() >= (nr - 1) / R * gs + (kc - 1) * R + R);
@@ -373,7 +413,9 @@ unsafe fn accumulate(
         // and `wp` are asserted above and `y`'s rows are the caller's contract: that is
         // `avx512::accumulate`'s contract.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => super::avx512::accumulate(x.as_ptr(), gs, kc, wp.as_ptr(), y, ys, nr, w),
+        Isa::Avx512 => {
+            super::avx512::accumulate(x.as_ptr(), gs, kc, wp.as_ptr(), y, ys, nr, w, ahead)
+        }
         // SAFETY: avx2 and fma were detected; the rows are the caller's contract.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => accumulate_avx2(x, gs, kc, wp, y, ys, nr, w),

@@ -245,7 +245,9 @@ unsafe fn block_avx512(x: &[f32], m: usize, w: &[f32], rows: usize, k: usize, ou
                 if prefetch {
                     for b in 0..$nr {
                         // A hint, never a fault: past the end of `w` it does nothing.
-                        _mm_prefetch::<_MM_HINT_T1>(wp[b].wrapping_add(c + PREFETCH_GROUPS * $nr * k).cast());
+                        _mm_prefetch::<_MM_HINT_T1>(
+                            wp[b].wrapping_add(c + PREFETCH_GROUPS * $nr * k).cast(),
+                        );
                     }
                 }
                 let wv: [__m512; $nr] = std::array::from_fn(|b| _mm512_loadu_ps(wp[b].add(c)));

@@ -115,7 +115,10 @@ mod avx512 {
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn log_softmax_in_place(row: &mut [f32]) {
         let max = max_ignoring_nan(row);
-        let (m, l2e) = (_mm512_set1_ps(max), _mm512_set1_ps(std::f32::consts::LOG2_E));
+        let (m, l2e) = (
+            _mm512_set1_ps(max),
+            _mm512_set1_ps(std::f32::consts::LOG2_E),
+        );
         let mut sums = [_mm512_setzero_ps(); 4];
         let mut i = 0;
         while i + 64 <= row.len() {
@@ -130,11 +133,8 @@ mod avx512 {
             let mask = lanes(row.len() - i);
             // SAFETY: the masked load reads only the floats left in the row; the other lanes
             // are -inf, whose exp is exactly 0.
-            let x = _mm512_mask_loadu_ps(
-                _mm512_set1_ps(f32::NEG_INFINITY),
-                mask,
-                row.as_ptr().add(i),
-            );
+            let x =
+                _mm512_mask_loadu_ps(_mm512_set1_ps(f32::NEG_INFINITY), mask, row.as_ptr().add(i));
             sums[0] = _mm512_add_ps(
                 sums[0],
                 _mm512_maskz_mov_ps(mask, exp2_ps(_mm512_mul_ps(_mm512_sub_ps(x, m), l2e))),
