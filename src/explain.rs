@@ -222,8 +222,8 @@ pub fn explain_attention(
         let group = (h / hkv) as u32;
         let index: Vec<u32> = (0..h as u32).map(|i| i / group).collect();
         let index = Tensor::new(index.as_slice(), k.device())?;
-        k = k.index_select(&index, 0)?;
-        v = v.index_select(&index, 0)?;
+        k = k.contiguous()?.index_select(&index, 0)?;
+        v = v.contiguous()?.index_select(&index, 0)?;
     }
     let to_f32 = |t: Tensor| -> candle::Result<Tensor> { t.to_dtype(DType::F32)?.contiguous() };
     let (q, k, v) = (to_f32(q)?, to_f32(k)?, to_f32(v)?);
