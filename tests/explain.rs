@@ -316,3 +316,55 @@ fn row_statistics_of_known_rows() {
     // p_i (1 - p_i) = 0.1875 on the diagonal beats p_i p_j = 0.0625 off it.
     assert!((quarter.max_gradient - 0.1875).abs() < 1e-6);
 }
+
+/// Against transformers (tests/fixtures/make_explain_fixture.py): the same decoder input (our
+/// tokenizer and greedy search), every block's weights equal `output_attentions`, and every
+/// block's input equals `output_hidden_states`.
+#[test]
+fn marian_steps_equal_transformers_attentions_and_hidden_states() {
+    let dev = Device::Cpu;
+    let fixture = candle::safetensors::load(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/explain/marian_e2e.safetensors"),
+        &dev,
+    )
+    .unwrap();
+    let ids = |name: &str| -> Vec<u32> {
+        fixture[name]
+            .squeeze(0)
+            .unwrap()
+            .to_vec1::<i64>()
+            .unwrap()
+            .into_iter()
+            .map(|i| i as u32)
+            .collect()
+    };
+    let t = MarianTranslator::from_dir(marian_dir(), &dev).unwrap();
+    let text = "I see three hundred twelve birds.";
+    let mut compared = 0;
+    for attention in AttentionUse::ALL {
+        for layer in 0..2 {
+            let e = Explanation::of_marian(&t, text, attention, layer).unwrap();
+            assert_eq!(e.example.source_ids, ids("input_ids"));
+            assert_eq!(e.example.decoder_ids, ids("decoder_input_ids"));
+            let (weights, hidden) = match attention {
+                AttentionUse::EncoderSelf => ("encoder_attentions", "encoder_hidden_states"),
+                AttentionUse::DecoderSelf => ("decoder_attentions", "decoder_hidden_states"),
+                AttentionUse::Cross => ("cross_attentions", "encoder_hidden_states"),
+            };
+            let want = fixture[&format!("{weights}.{layer}")].squeeze(0).unwrap();
+            let d = max_diff(&e.steps.weights, &want);
+            assert!(d < TOL, "{attention} layer {layer}: weights differ by {d}");
+            // Post-norm Marian: a layer's input is its self-attention's input; cross-attention
+            // reads the encoder output (the last hidden state).
+            let (input, want) = match attention {
+                AttentionUse::Cross => (&e.steps.key_input, format!("{hidden}.2")),
+                _ => (&e.steps.query_input, format!("{hidden}.{layer}")),
+            };
+            let want = fixture[&want].squeeze(0).unwrap();
+            let d = max_diff(input, &want);
+            assert!(d < 1e-4, "{attention} layer {layer}: block input differs by {d}");
+            compared += 1;
+        }
+    }
+    assert_eq!(compared, 6);
+}
