@@ -451,7 +451,12 @@ impl AttentionSteps {
         let mut unscaled = Vec::with_capacity(raw.len());
         for (row, blocked) in raw.iter().zip(&blocked) {
             let allowed: Vec<bool> = blocked.iter().map(|b| !b).collect();
-            unmasked.extend(row.iter().zip(&allowed).filter(|(_, &a)| a).map(|(&v, _)| v));
+            unmasked.extend(
+                row.iter()
+                    .zip(&allowed)
+                    .filter(|(_, &a)| a)
+                    .map(|(&v, _)| v),
+            );
             unscaled.push(RowStats::of(&masked_softmax(row, &allowed)));
         }
         let raw_std = std_dev(&unmasked);
@@ -584,10 +589,9 @@ impl Explanation {
             &block_trace.mask,
         )?;
         let (query_tokens, key_tokens) = match attention {
-            AttentionUse::EncoderSelf => (
-                example.source_tokens.clone(),
-                example.source_tokens.clone(),
-            ),
+            AttentionUse::EncoderSelf => {
+                (example.source_tokens.clone(), example.source_tokens.clone())
+            }
             AttentionUse::DecoderSelf => (
                 example.decoder_tokens.clone(),
                 example.decoder_tokens.clone(),

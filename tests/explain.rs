@@ -156,7 +156,10 @@ fn check_model_blocks(
             let e = explain(attention, layer).unwrap();
             let what = format!("{attention} layer {layer}");
             let d = e.max_forward_difference().unwrap();
-            assert!(d < TOL, "{what}: explained output is {d} from the forward pass");
+            assert!(
+                d < TOL,
+                "{what}: explained output is {d} from the forward pass"
+            );
             assert_eq!(e.num_layers, n);
             assert_eq!(e.query_tokens.len(), e.steps.num_queries(), "{what}");
             assert_eq!(e.key_tokens.len(), e.steps.num_keys(), "{what}");
@@ -172,8 +175,14 @@ fn check_model_blocks(
             for head in 0..e.steps.num_heads {
                 let cmp = e.steps.scaling_comparison(head).unwrap();
                 for (a, b) in cmp.scaled.iter().zip(&cmp.unscaled) {
-                    assert!(a.max_weight <= b.max_weight + 1e-5, "{what}: {a:?} vs {b:?}");
-                    assert!(a.entropy_bits + 1e-4 >= b.entropy_bits, "{what}: {a:?} vs {b:?}");
+                    assert!(
+                        a.max_weight <= b.max_weight + 1e-5,
+                        "{what}: {a:?} vs {b:?}"
+                    );
+                    assert!(
+                        a.entropy_bits + 1e-4 >= b.entropy_bits,
+                        "{what}: {a:?} vs {b:?}"
+                    );
                 }
                 let ratio = cmp.raw_std as f64 / cmp.scaled_std as f64;
                 assert!((ratio - cmp.sqrt_d_k).abs() < 1e-3 * cmp.sqrt_d_k);
@@ -284,10 +293,7 @@ fn bad_layers_heads_uses_and_texts_are_errors_that_say_what_is_valid() {
     let err = Explanation::of_translator(&t, "seven", AttentionUse::EncoderSelf, 2)
         .unwrap_err()
         .to_string();
-    assert!(
-        err.contains("layer 2") && err.contains("0..=1"),
-        "{err}"
-    );
+    assert!(err.contains("layer 2") && err.contains("0..=1"), "{err}");
     let e = Explanation::of_translator(&t, "seven", AttentionUse::EncoderSelf, 0).unwrap();
     let err = e.steps.check_head(8).unwrap_err().to_string();
     assert!(err.contains("head 8") && err.contains("0..=7"), "{err}");
@@ -362,7 +368,10 @@ fn marian_steps_equal_transformers_attentions_and_hidden_states() {
             };
             let want = fixture[&want].squeeze(0).unwrap();
             let d = max_diff(input, &want);
-            assert!(d < 1e-4, "{attention} layer {layer}: block input differs by {d}");
+            assert!(
+                d < 1e-4,
+                "{attention} layer {layer}: block input differs by {d}"
+            );
             compared += 1;
         }
     }

@@ -64,8 +64,8 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
     let device = candle::Device::Cpu;
     let (explanation, model_name) = match &args.model {
         None => {
-            let translator = shipped::translator(&device)
-                .context("loading the built-in translation model")?;
+            let translator =
+                shipped::translator(&device).context("loading the built-in translation model")?;
             (
                 Explanation::of_translator(&translator, &args.text, attention, args.layer)?,
                 "the shipped number translator".to_string(),
@@ -108,7 +108,11 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
     for (path, ext) in [(&args.svg, "svg"), (&args.png, "png")] {
         if let Some(path) = path {
             draw(&explanation, args.head, path, ext)?;
-            eprintln!("the four steps of head {} drawn to {}", args.head, path.display());
+            eprintln!(
+                "the four steps of head {} drawn to {}",
+                args.head,
+                path.display()
+            );
         }
     }
     if args.json {
@@ -119,7 +123,14 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
     let width = args.width.unwrap_or_else(terminal_width).max(MIN_WIDTH);
     print!(
         "{}",
-        render_text(&explanation, &model_name, &args.text, args.head, query, width)?
+        render_text(
+            &explanation,
+            &model_name,
+            &args.text,
+            args.head,
+            query,
+            width
+        )?
     );
     Ok(())
 }
@@ -158,7 +169,11 @@ fn label(s: &str, max: usize) -> String {
         .map(|c| if c.is_control() { '?' } else { c })
         .collect();
     if clean.chars().count() > max {
-        clean.chars().take(max.saturating_sub(1)).chain(['…']).collect()
+        clean
+            .chars()
+            .take(max.saturating_sub(1))
+            .chain(['…'])
+            .collect()
     } else {
         clean
     }
@@ -254,23 +269,50 @@ fn cells(values: &[Vec<f32>], decimals: usize) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// Prose wrapped at word boundaries to `width`, continuation lines indented by `indent`.
+/// Prose wrapped at word boundaries to `width`; the first line keeps its leading spaces and
+/// continuation lines are indented by `indent` (at least as much as the first line).
 fn wrap(text: &str, width: usize, indent: usize) -> String {
+    let lead = text.chars().take_while(|&c| c == ' ').count();
+    let indent = indent.max(lead);
     let mut out = String::new();
-    let mut line = String::new();
-    for word in text.split(' ') {
+    let mut line = " ".repeat(lead);
+    let mut empty = true;
+    for word in text[lead..].split(' ').filter(|w| !w.is_empty()) {
         let len = line.chars().count();
-        if len > 0 && len + 1 + word.chars().count() > width {
+        if !empty && len + 1 + word.chars().count() > width {
             out.push_str(line.trim_end());
             out.push('\n');
             line = " ".repeat(indent);
-        } else if len > 0 && !line.chars().all(|c| c == ' ') {
+            empty = true;
+        }
+        if !empty {
             line.push(' ');
         }
         line.push_str(word);
+        empty = false;
     }
     out.push_str(line.trim_end());
     out
+}
+
+/// `prefix` then as many of `values` as fit in `width` (`[a, b, … n more]`).
+fn fit_vector(prefix: &str, values: &[f32], suffix: &str, width: usize) -> String {
+    let all: Vec<String> = values.iter().map(|&v| number(v, 3)).collect();
+    let mut shown = all.len();
+    loop {
+        let mut parts: Vec<String> = all[..shown].to_vec();
+        if shown < all.len() {
+            parts.push(format!("… {} more", all.len() - shown));
+        }
+        let line = format!("{prefix}[{}]{suffix}", parts.join(", "));
+        if line.chars().count() <= width {
+            return line;
+        }
+        if shown == 0 {
+            return format!("{prefix}[{}]", parts.join(", "));
+        }
+        shown -= 1;
+    }
 }
 
 /// The text output: every step for `head`, the blend of `query`, the √d_k comparison and the
@@ -296,7 +338,7 @@ pub fn render_text(
     let cols = &e.key_tokens;
     let mut out = String::new();
     let para = |out: &mut String, t: &str| {
-        out.push_str(&wrap(t, width, 0));
+        out.push_str(&wrap(t, width, 3));
         out.push('\n');
     };
     para(
@@ -310,9 +352,7 @@ pub fn render_text(
     );
     para(
         &mut out,
-        &format!(
-            "model: {model}: d_model = {e_dim}, {h} heads, d_k = d_v = {e_dim} / {h} = {d}"
-        ),
+        &format!("model: {model}: d_model = {e_dim}, {h} heads, d_k = d_v = {e_dim} / {h} = {d}"),
     );
     para(&mut out, &format!("text: {text:?}"));
     para(
@@ -434,16 +474,19 @@ pub fn render_text(
     out.push_str(&format_matrix(rows, cols, &cells(&weights, 3), 3, width));
     para(&mut out, "   Each query attends most to:");
     let stats: Vec<RowStats> = weights.iter().map(|p| RowStats::of(p)).collect();
-    let row_w = rows.iter().map(|r| label(r, MAX_LABEL).chars().count()).max().unwrap_or(0);
+    let row_w = rows
+        .iter()
+        .map(|r| label(r, MAX_LABEL).chars().count())
+        .max()
+        .unwrap_or(0);
     for (r, st) in rows.iter().zip(&stats) {
-        para(
-            &mut out,
-            &format!(
-                "     {} → {} ({})",
-                pad_right(&label(r, MAX_LABEL), row_w),
-                label(&cols[st.argmax], MAX_LABEL),
-                number(st.max_weight, 3)
-            ),
+        // Short lines (labels are cut), aligned: not wrapped.
+        let _ = writeln!(
+            out,
+            "     {} → {} ({})",
+            pad_right(&label(r, MAX_LABEL), row_w),
+            label(&cols[st.argmax], MAX_LABEL),
+            number(st.max_weight, 3)
         );
     }
     out.push('\n');
@@ -477,35 +520,33 @@ pub fn render_text(
         .map(|&j| format!("{}·v[{}]", number(w[j], 3), label(&cols[j], MAX_LABEL)))
         .collect();
     sum.push_str(&terms.join(" + "));
-    if rest_n > 0 {
-        let _ = write!(
-            sum,
-            " + (the other {rest_n} key{}, weight {} together)",
-            if rest_n == 1 { "" } else { "s" },
-            number(rest, 3)
-        );
+    match rest_n {
+        0 => {}
+        1 => {
+            let _ = write!(sum, " + (the other key, weight {})", number(rest, 3));
+        }
+        n => {
+            let _ = write!(
+                sum,
+                " + (the other {n} keys, weight {} together)",
+                number(rest, 3)
+            );
+        }
     }
     out.push_str(&wrap(&sum, width, 6));
     out.push('\n');
-    // The first features of the sum, checked against the computed blend.
-    let show = dv.min(((width.saturating_sub(12)) / 8).max(2));
-    let fmt_vec = |x: &[f32]| -> String {
-        let mut s: Vec<String> = x[..show].iter().map(|&v| number(v, 3)).collect();
-        if show < x.len() {
-            s.push(format!("… {} more", x.len() - show));
-        }
-        format!("[{}]", s.join(", "))
-    };
     for &j in listed.iter().take(3) {
-        para(
-            &mut out,
-            &format!("     v[{}] = {}", label(&cols[j], MAX_LABEL), fmt_vec(&v[j])),
-        );
+        let prefix = format!("     v[{}] = ", label(&cols[j], MAX_LABEL));
+        out.push_str(&fit_vector(&prefix, &v[j], "", width));
+        out.push('\n');
     }
-    para(
-        &mut out,
-        &format!("   = {} ({dv} numbers)", fmt_vec(&blended[query])),
-    );
+    out.push_str(&fit_vector(
+        &format!("   out[{}] = ", label(&rows[query], MAX_LABEL)),
+        &blended[query],
+        &format!(" ({dv} numbers)"),
+        width,
+    ));
+    out.push('\n');
     out.push('\n');
     para(
         &mut out,
@@ -561,7 +602,9 @@ pub fn render_text(
     .iter()
     .map(|s| s.to_string())
     .collect();
-    out.push_str(&format_matrix_wide_labels(rows, &cmp_cols, &cmp_rows, 3, width));
+    out.push_str(&format_matrix_wide_labels(
+        rows, &cmp_cols, &cmp_rows, 3, width,
+    ));
     let mean = |f: &dyn Fn(&RowStats) -> f32, v: &[RowStats]| -> f32 {
         v.iter().map(f).sum::<f32>() / v.len().max(1) as f32
     };
@@ -595,12 +638,7 @@ pub fn render_text(
         .collect();
     let head_cells: Vec<Vec<String>> = summaries
         .iter()
-        .map(|hs| {
-            hs.rows
-                .iter()
-                .map(|r| label(&cols[r.argmax], 7))
-                .collect()
-        })
+        .map(|hs| hs.rows.iter().map(|r| label(&cols[r.argmax], 7)).collect())
         .collect();
     out.push_str(&format_matrix_wide_labels(
         &head_rows,
@@ -652,9 +690,8 @@ fn matrix_json(rows: &[Vec<f32>]) -> Value {
 /// Every matrix of every head, with the tokens and the comparisons, as one JSON object.
 pub fn to_json(e: &Explanation, model: &str, text: &str, head: usize) -> anyhow::Result<Value> {
     let s = &e.steps;
-    let two = |t: &candle::Tensor| -> anyhow::Result<Value> {
-        Ok(matrix_json(&t.to_vec2::<f32>()?))
-    };
+    let two =
+        |t: &candle::Tensor| -> anyhow::Result<Value> { Ok(matrix_json(&t.to_vec2::<f32>()?)) };
     let mut heads = Vec::with_capacity(s.num_heads);
     for h in 0..s.num_heads {
         let blocked = s.blocked(h)?;

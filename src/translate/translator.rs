@@ -265,7 +265,10 @@ impl Translator {
         Ok(TeacherForcing {
             source_tokens: self.english.tokens(text)?,
             source_ids,
-            decoder_tokens: decoder_ids.iter().map(|&id| self.german_token(id)).collect(),
+            decoder_tokens: decoder_ids
+                .iter()
+                .map(|&id| self.german_token(id))
+                .collect(),
             decoder_ids,
             translation: self.german.decode(&hyp.tokens)?,
         })

@@ -107,7 +107,11 @@ impl MatrixPanel {
             )
         }
         if self.scale == ColourScale::Sequential
-            && self.values.iter().flatten().any(|&v| v.is_finite() && v < 0.0)
+            && self
+                .values
+                .iter()
+                .flatten()
+                .any(|&v| v.is_finite() && v < 0.0)
         {
             candle::bail!(
                 "panel '{}': a sequential scale needs non-negative values",
@@ -219,8 +223,8 @@ pub fn render_steps_svg(title: &str, panels: &[MatrixPanel]) -> Result<String> {
     }
     let geometry: Vec<PanelGeometry> = panels.iter().map(MatrixPanel::geometry).collect();
     let title_h = TITLE_FONT + 14.0;
-    let panels_w: f64 = geometry.iter().map(|g| g.width).sum::<f64>()
-        + PANEL_GAP * (panels.len() - 1) as f64;
+    let panels_w: f64 =
+        geometry.iter().map(|g| g.width).sum::<f64>() + PANEL_GAP * (panels.len() - 1) as f64;
     let width = (panels_w.max(text_width(title, TITLE_FONT)) + 2.0 * MARGIN).ceil();
     let height =
         (title_h + geometry.iter().map(|g| g.height).fold(0.0, f64::max) + 2.0 * MARGIN).ceil();
@@ -427,8 +431,14 @@ mod tests {
         let svg = render_steps_svg("t", &[p.clone(), p]).unwrap();
         assert_eq!(svg.matches("class=\"panel\"").count(), 2);
         assert!(svg.contains(MASKED) && svg.contains("masked (-inf)"));
-        assert!(svg.contains(&hex(DIVERGING[10])), "most positive is dark red");
-        assert!(svg.contains(&hex(DIVERGING[0])), "most negative is dark blue");
+        assert!(
+            svg.contains(&hex(DIVERGING[10])),
+            "most positive is dark red"
+        );
+        assert!(
+            svg.contains(&hex(DIVERGING[0])),
+            "most negative is dark blue"
+        );
         assert!(svg.contains("p &lt;1&gt;"), "titles are escaped");
     }
 
@@ -436,16 +446,25 @@ mod tests {
     fn malformed_panels_are_errors() {
         let ragged = panel(ColourScale::Sequential, vec![vec![0.5], vec![0.1, 0.2]]);
         assert!(render_steps_svg("t", &[ragged]).is_err());
-        let negative = panel(ColourScale::Sequential, vec![vec![-0.5, 0.0], vec![0.1, 0.2]]);
+        let negative = panel(
+            ColourScale::Sequential,
+            vec![vec![-0.5, 0.0], vec![0.1, 0.2]],
+        );
         assert!(render_steps_svg("t", &[negative]).is_err());
-        let nan = panel(ColourScale::Diverging, vec![vec![f32::NAN, 0.0], vec![0.1, 0.2]]);
+        let nan = panel(
+            ColourScale::Diverging,
+            vec![vec![f32::NAN, 0.0], vec![0.1, 0.2]],
+        );
         assert!(render_steps_svg("t", &[nan]).is_err());
         assert!(render_steps_svg("t", &[]).is_err());
     }
 
     #[test]
     fn png_is_a_png() {
-        let p = panel(ColourScale::Sequential, vec![vec![0.5, 0.5], vec![0.9, 0.1]]);
+        let p = panel(
+            ColourScale::Sequential,
+            vec![vec![0.5, 0.5], vec![0.9, 0.1]],
+        );
         let png = render_steps_png("t", &[p]).unwrap();
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     }
