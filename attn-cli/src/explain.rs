@@ -854,6 +854,7 @@ mod tests {
         assert_eq!(label("abcdefghijklmnop", 5), "abcd…");
         let w = wrap("one two three four five six", 10, 2);
         assert!(w.lines().all(|l| l.chars().count() <= 10), "{w}");
-        assert_eq!(w.lines().count(), 3);
+        assert_eq!(w, "one two\n  three\n  four\n  five six");
+        assert_eq!(wrap("   lead kept", 80, 0), "   lead kept");
     }
 }
