@@ -52,6 +52,7 @@
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
 pub mod decode;
+pub mod explain;
 pub mod kv_cache;
 pub mod marian;
 pub mod mask;

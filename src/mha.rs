@@ -765,6 +765,14 @@ impl MultiHeadAttention {
         ))
     }
 
+    /// The output projection `W^O` (with its bias) on concatenated heads: `heads` `(B, L,
+    /// H · d_v)` (or `(L, H · d_v)`) → `(B, L, E)` (or `(L, E)`). With
+    /// [`MultiHeadAttention::project_query`] and [`MultiHeadAttention::project_key_value`] it
+    /// lets a caller rebuild the block step by step (`crate::explain` does).
+    pub fn project_output(&self, heads: &Tensor) -> candle::Result<Tensor> {
+        self.out_proj.forward(heads)
+    }
+
     /// Attention over already projected heads, then the output projection.
     ///
     /// * `q` `(B, H, L, head_dim)` from [`MultiHeadAttention::project_query`]; `k`, `v`

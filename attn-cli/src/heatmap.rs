@@ -25,6 +25,8 @@
 //! # Ok(()) }
 //! ```
 
+pub mod steps;
+
 use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};

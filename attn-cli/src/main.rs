@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_decode;
+mod explain;
 mod inspect;
 mod marian;
 mod run_mha;
@@ -38,6 +39,9 @@ enum Command {
     Train(train::TrainArgs),
     /// Translate English number words into German (arguments, or lines on stdin).
     Translate(translate::TranslateArgs),
+    /// One attention block of a model on a text, step by step: Q·Kᵀ, ÷√d_k, mask, softmax,
+    /// blend, heads; why √d_k, measured; every matrix with --json.
+    Explain(explain::ExplainArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -130,6 +134,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Decode(args)) => bench_decode::run(&args),
         Command::Train(args) => train::run(&args),
         Command::Translate(args) => translate::run(&args),
+        Command::Explain(args) => explain::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -16,7 +16,7 @@ use crate::mask::Mask;
 use crate::projection::mapped::{mapped_matrix, with_mapped_weights, MappedMatrix};
 use crate::projection::Projection;
 use crate::transformer::{
-    DecoderCache, DecoderMasks, EncoderMasks, TransformerDecoder, TransformerEncoder,
+    DecoderCache, DecoderMasks, EncoderMasks, ModelTrace, TransformerDecoder, TransformerEncoder,
 };
 use candle::{DType, Device, Module, Tensor, D};
 use std::path::Path;
@@ -448,6 +448,42 @@ impl MarianMTModel {
         let memory = self.encode(input_ids, attention_mask)?;
         let logits = self.decode(decoder_input_ids, &memory, attention_mask)?;
         Ok((logits, memory))
+    }
+
+    /// [`MarianMTModel::forward`] recording every attention block: what each received, the
+    /// mask it was given and what it returned (`input_ids`, `attention_mask` `(B, S)`,
+    /// `decoder_input_ids` `(B, T)`). `logits` and `memory` equal the plain pass.
+    pub fn trace(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        decoder_input_ids: &Tensor,
+    ) -> candle::Result<ModelTrace> {
+        let padding = self.source_padding(input_ids, attention_mask)?;
+        let ids = self.checked_ids(
+            "input_ids",
+            &input_ids.to_device(self.device())?,
+            self.cfg.vocab_size,
+            0,
+        )?;
+        let x = self.embed(&self.encoder_embed, &ids, 0)?;
+        let (memory, encoder) = self.encoder.forward_traced(
+            &x,
+            &EncoderMasks {
+                src_mask: Mask::none(),
+                src_key_padding_mask: Some(&padding),
+            },
+        )?;
+        let (y, padding) = self.full_decoder_input(decoder_input_ids, &memory, attention_mask)?;
+        let (h, decoder) =
+            self.decoder
+                .forward_traced(&y, &memory, &Self::full_pass_masks(&padding))?;
+        Ok(ModelTrace {
+            encoder,
+            decoder,
+            logits: self.lm_head.forward(&h)?,
+            memory,
+        })
     }
 
     /// The encoder-decoder attention weights of every decoder layer, per head, `(B, H, T, S)`

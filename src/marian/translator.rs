@@ -6,7 +6,7 @@
 use super::generation::{generate, GenerationConfig};
 use super::model::MarianMTModel;
 use super::tokenizer::MarianTokenizer;
-use crate::translate::translator::Attention;
+use crate::translate::translator::{Attention, TeacherForcing};
 use candle::{Device, Tensor};
 use std::path::Path;
 
@@ -119,6 +119,49 @@ impl MarianTranslator {
                 (Ok(_), None) => Err(candle::Error::Msg("internal: text not translated".into())),
             })
             .collect())
+    }
+
+    /// Tokenizes `text` and translates it greedily (one beam, whatever the generation settings
+    /// say; their length limits apply): the inputs of a teacher-forced pass over the model's
+    /// own translation. The decoder input is the generated sequence without its last token
+    /// (the end token, when the model stopped). Errors when the model cannot take the text.
+    pub fn teacher_forcing(&self, text: &str) -> candle::Result<TeacherForcing> {
+        let ids = self.encode(text)?;
+        let device = self.model.device();
+        let input = Tensor::new(ids.as_slice(), device)?.unsqueeze(0)?;
+        let mask = input.ones_like()?;
+        let state = self.model.start(&input, &mask)?;
+        let greedy = self.generation.clone().with_num_beams(1);
+        let sequence = generate(&self.model, state, 1, &greedy)?
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        if sequence.is_empty() {
+            candle::bail!("generation returned no tokens for {text:?}")
+        }
+        let decoder_ids = sequence[..sequence.len() - 1].to_vec();
+        let decoder_ids = if decoder_ids.is_empty() {
+            sequence.clone()
+        } else {
+            decoder_ids
+        };
+        let label = |id: u32| {
+            self.tokenizer
+                .id_to_token(id)
+                .map_or_else(|| format!("<{id}>"), str::to_string)
+        };
+        let mut source_tokens = self.tokenizer.pieces(text)?;
+        source_tokens.push(label(self.tokenizer.eos_id()));
+        if source_tokens.len() != ids.len() {
+            source_tokens = ids.iter().map(|&id| label(id)).collect();
+        }
+        Ok(TeacherForcing {
+            source_tokens,
+            source_ids: ids,
+            decoder_tokens: decoder_ids.iter().map(|&id| label(id)).collect(),
+            decoder_ids,
+            translation: self.tokenizer.decode(&sequence, true)?,
+        })
     }
 
     /// Translates `text` and returns the encoder-decoder attention of decoder `layer` (default:

@@ -5,6 +5,7 @@
 use super::config::TransformerConfig;
 use super::feed_forward::{dropout, FeedForward};
 use super::norm::LayerNorm;
+use super::trace::{AttentionTrace, DecoderLayerTrace};
 use crate::kv_cache::{CachedAttentionArgs, CrossAttentionCache, KvCache};
 use crate::mask::Mask;
 use crate::mha::{AttentionArgs, MultiHeadAttention};
@@ -26,6 +27,9 @@ pub struct DecoderMasks<'a> {
     /// `(B, S)`, true = padding (torch's `memory_key_padding_mask`).
     pub memory_key_padding_mask: Option<&'a Tensor>,
 }
+
+/// Where a traced decoder layer records its self-attention and encoder-decoder attention.
+type LayerTraceSlots = (Option<AttentionTrace>, Option<AttentionTrace>);
 
 /// What one decoder layer keeps between steps: its self-attention keys/values and the projected
 /// encoder memory (computed once per sequence).
@@ -144,7 +148,7 @@ impl TransformerDecoderLayer {
         train: bool,
     ) -> candle::Result<Tensor> {
         Ok(self
-            .forward_inner(tgt, memory, masks, train, None, false)?
+            .forward_inner(tgt, memory, masks, train, None, false, None)?
             .0)
     }
 
@@ -161,12 +165,14 @@ impl TransformerDecoderLayer {
         cache: &mut DecoderLayerCache,
     ) -> candle::Result<Tensor> {
         Ok(self
-            .forward_inner(tgt, memory, masks, false, Some(cache), false)?
+            .forward_inner(tgt, memory, masks, false, Some(cache), false, None)?
             .0)
     }
 
     /// [`TransformerDecoderLayer::forward`], also returning the encoder-decoder attention
-    /// weights per head `(B, H, T, S)` when `cross_weights`.
+    /// weights per head `(B, H, T, S)` when `cross_weights`, and recording both attention
+    /// blocks (self, cross) into `trace` when given (full passes only).
+    #[allow(clippy::too_many_arguments)]
     fn forward_inner(
         &self,
         tgt: &Tensor,
@@ -175,6 +181,7 @@ impl TransformerDecoderLayer {
         train: bool,
         mut cache: Option<&mut DecoderLayerCache>,
         cross_weights: bool,
+        mut trace: Option<&mut LayerTraceSlots>,
     ) -> candle::Result<(Tensor, Option<Tensor>)> {
         let mut weights = None;
         let mut self_attention = |x: &Tensor| -> candle::Result<Tensor> {
@@ -198,7 +205,17 @@ impl TransformerDecoderLayer {
                         train,
                         ..Default::default()
                     };
-                    self.self_attn.attend(x, x, x, &args)?.output
+                    let out = self.self_attn.attend(x, x, x, &args)?.output;
+                    if let Some(slots) = trace.as_deref_mut() {
+                        slots.0 = Some(AttentionTrace::new(
+                            x,
+                            x,
+                            &args.mask,
+                            args.key_padding,
+                            &out,
+                        )?);
+                    }
+                    out
                 }
             };
             dropout(&out, self.dropout, train)
@@ -221,7 +238,19 @@ impl TransformerDecoderLayer {
                     self.multihead_attn
                         .attend_cross(x, memory, &mut cache.cross_attn, &args)?
                 }
-                None => self.multihead_attn.attend(x, memory, memory, &args)?,
+                None => {
+                    let out = self.multihead_attn.attend(x, memory, memory, &args)?;
+                    if let Some(slots) = trace.as_deref_mut() {
+                        slots.1 = Some(AttentionTrace::new(
+                            x,
+                            memory,
+                            &args.mask,
+                            args.key_padding,
+                            &out.output,
+                        )?);
+                    }
+                    out
+                }
             };
             weights = out.weights;
             dropout(&out.output, self.dropout, train)
@@ -347,7 +376,7 @@ impl TransformerDecoder {
         let mut x = tgt.clone();
         let mut all = Vec::with_capacity(self.layers.len());
         for layer in &self.layers {
-            let (out, weights) = layer.forward_inner(&x, memory, masks, false, None, true)?;
+            let (out, weights) = layer.forward_inner(&x, memory, masks, false, None, true, None)?;
             all.push(
                 weights
                     .ok_or_else(|| candle::Error::Msg("cross-attention weights missing".into()))?,
@@ -355,6 +384,33 @@ impl TransformerDecoder {
             x = out;
         }
         Ok(all)
+    }
+
+    /// An eval pass ([`TransformerDecoder::forward`] with `train = false`) that also returns
+    /// what each layer's two attention blocks received and returned, one
+    /// [`DecoderLayerTrace`] per layer. The output is the same tensor the plain pass computes.
+    pub fn forward_traced(
+        &self,
+        tgt: &Tensor,
+        memory: &Tensor,
+        masks: &DecoderMasks,
+    ) -> candle::Result<(Tensor, Vec<DecoderLayerTrace>)> {
+        let mut x = tgt.clone();
+        let mut traces = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let mut slots: LayerTraceSlots = (None, None);
+            x = layer
+                .forward_inner(&x, memory, masks, false, None, false, Some(&mut slots))?
+                .0;
+            match slots {
+                (Some(self_attn), Some(cross_attn)) => traces.push(DecoderLayerTrace {
+                    self_attn,
+                    cross_attn,
+                }),
+                _ => candle::bail!("decoder attention trace missing"),
+            }
+        }
+        Ok((self.final_norm(x)?, traces))
     }
 
     /// Incremental pass: the new target positions `tgt` `(B, T, d_model)` after the `cache.len()`

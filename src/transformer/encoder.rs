@@ -4,6 +4,7 @@
 use super::config::TransformerConfig;
 use super::feed_forward::{dropout, FeedForward};
 use super::norm::LayerNorm;
+use super::trace::AttentionTrace;
 use crate::mask::Mask;
 use crate::mha::{AttentionArgs, MultiHeadAttention};
 use candle::{Module, ModuleT, Tensor};
@@ -89,18 +90,36 @@ impl TransformerEncoderLayer {
         masks: &EncoderMasks,
         train: bool,
     ) -> candle::Result<Tensor> {
-        let self_attention = |x: &Tensor| -> candle::Result<Tensor> {
+        self.forward_inner(src, masks, train, None)
+    }
+
+    /// [`TransformerEncoderLayer::forward`], recording the self-attention block's inputs, mask
+    /// and output into `trace` when given.
+    fn forward_inner(
+        &self,
+        src: &Tensor,
+        masks: &EncoderMasks,
+        train: bool,
+        mut trace: Option<&mut Option<AttentionTrace>>,
+    ) -> candle::Result<Tensor> {
+        let mut self_attention = |x: &Tensor| -> candle::Result<Tensor> {
             let args = AttentionArgs {
                 mask: masks.src_mask.clone(),
                 key_padding: masks.src_key_padding_mask,
                 train,
                 ..Default::default()
             };
-            dropout(
-                &self.self_attn.attend(x, x, x, &args)?.output,
-                self.dropout,
-                train,
-            )
+            let out = self.self_attn.attend(x, x, x, &args)?.output;
+            if let Some(slot) = trace.as_deref_mut() {
+                *slot = Some(AttentionTrace::new(
+                    x,
+                    x,
+                    &args.mask,
+                    args.key_padding,
+                    &out,
+                )?);
+            }
+            dropout(&out, self.dropout, train)
         };
         let feed_forward =
             |x: &Tensor| dropout(&self.feed_forward.forward(x, train)?, self.dropout, train);
@@ -183,6 +202,30 @@ impl TransformerEncoder {
             Some(norm) => norm.forward(&x),
             None => Ok(x),
         }
+    }
+
+    /// An eval pass ([`TransformerEncoder::forward`] with `train = false`) that also returns
+    /// what each layer's self-attention received and returned, one [`AttentionTrace`] per
+    /// layer. The output is the same tensor the plain pass computes.
+    pub fn forward_traced(
+        &self,
+        src: &Tensor,
+        masks: &EncoderMasks,
+    ) -> candle::Result<(Tensor, Vec<AttentionTrace>)> {
+        let mut x = src.clone();
+        let mut traces = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let mut slot = None;
+            x = layer.forward_inner(&x, masks, false, Some(&mut slot))?;
+            traces.push(
+                slot.ok_or_else(|| candle::Error::Msg("self-attention trace missing".into()))?,
+            );
+        }
+        let out = match &self.norm {
+            Some(norm) => norm.forward(&x)?,
+            None => x,
+        };
+        Ok((out, traces))
     }
 }
 

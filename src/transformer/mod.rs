@@ -12,6 +12,7 @@ pub mod feed_forward;
 pub mod model;
 pub mod norm;
 pub mod seq2seq;
+pub mod trace;
 
 pub use config::{Activation, LayerNaming, TransformerConfig};
 pub use decoder::{
@@ -21,3 +22,4 @@ pub use embedding::{sinusoidal_positions, TokenEmbedding};
 pub use encoder::{EncoderMasks, TransformerEncoder, TransformerEncoderLayer};
 pub use model::{Transformer, TransformerMasks};
 pub use seq2seq::{DecodeState, Seq2Seq, Seq2SeqConfig};
+pub use trace::{AttentionTrace, DecoderLayerTrace, ModelTrace};

@@ -8,6 +8,7 @@ use super::embedding::{sinusoidal_positions, TokenEmbedding};
 use super::encoder::EncoderMasks;
 use super::feed_forward::dropout;
 use super::model::Transformer;
+use super::trace::ModelTrace;
 use crate::mask::Mask;
 use candle::{DType, Module, Tensor};
 use candle_nn::{Linear, VarBuilder};
@@ -290,6 +291,49 @@ impl Seq2Seq {
         self.transformer
             .decoder()
             .cross_attention_weights(&x, &memory, &masks)
+    }
+
+    /// A teacher-forced eval pass over source ids `(B, S)` and decoder inputs `tgt` `(B, T)`
+    /// (BOS then the output tokens) that records every attention block: what each received,
+    /// the mask it was given and what it returned. `logits` equals [`Seq2Seq::forward`] and
+    /// `memory` [`Seq2Seq::encode`] (eval mode).
+    pub fn trace(&self, src: &Tensor, tgt: &Tensor) -> candle::Result<ModelTrace> {
+        Self::check_ids("source ids", src)?;
+        Self::check_ids("target ids", tgt)?;
+        if src.dim(0)? != tgt.dim(0)? {
+            candle::bail!(
+                "source ids {:?} and target ids {:?} have different batch sizes",
+                src.dims(),
+                tgt.dims()
+            )
+        }
+        let src_padding = src.eq(self.cfg.pad_id)?;
+        let x = self.embed(&self.src_embed, src, 0, false)?;
+        let (memory, encoder) = self.transformer.encoder().forward_traced(
+            &x,
+            &EncoderMasks {
+                src_mask: Mask::none(),
+                src_key_padding_mask: Some(&src_padding),
+            },
+        )?;
+        let tgt_padding = tgt.eq(self.cfg.pad_id)?;
+        let y = self.embed(&self.tgt_embed, tgt, 0, false)?;
+        let masks = DecoderMasks {
+            tgt_mask: Mask::causal(),
+            memory_mask: Mask::none(),
+            tgt_key_padding_mask: Some(&tgt_padding),
+            memory_key_padding_mask: Some(&src_padding),
+        };
+        let (h, decoder) = self
+            .transformer
+            .decoder()
+            .forward_traced(&y, &memory, &masks)?;
+        Ok(ModelTrace {
+            encoder,
+            decoder,
+            logits: self.output.forward(&h)?,
+            memory,
+        })
     }
 
     /// Encodes `src` `(B, S)` and returns the state for [`Seq2Seq::step`].

@@ -43,6 +43,26 @@ pub struct Attention {
     pub num_layers: usize,
 }
 
+/// One text and the model's own greedy translation of it, as ids and token labels: what a
+/// teacher-forced pass feeds the model to show its attention on a real sentence
+/// (`crate::explain`). Returned by [`Translator::teacher_forcing`] and by
+/// [`crate::marian::MarianTranslator::teacher_forcing`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct TeacherForcing {
+    /// The encoder input ids `(S)`, as the model reads the text.
+    pub source_ids: Vec<u32>,
+    /// One label per source id: the normalised English words for the shipped translator, the
+    /// sentencepiece pieces (`</s>` last) for MarianMT.
+    pub source_tokens: Vec<String>,
+    /// The decoder input ids `(T)`: the start token, then the greedy translation without its
+    /// end token. Position `t` reads `decoder_ids[t]` and predicts the token after it.
+    pub decoder_ids: Vec<u32>,
+    /// One label per decoder input id (`<bos>`, or `<pad>` as Marian's start token, first).
+    pub decoder_tokens: Vec<String>,
+    /// The translation as text.
+    pub translation: String,
+}
+
 impl Translator {
     /// Loads `dir`: `model.safetensors`, `config.json`, `vocab.en.json`, `vocab.de.json` (what
     /// `attn train` writes and `weights/` ships). Errors name the missing or broken file.
@@ -120,6 +140,11 @@ impl Translator {
     /// The model.
     pub fn model(&self) -> &Seq2Seq {
         &self.model
+    }
+
+    /// The device the model runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// Translates each text (English number words, num2words' form or the American one without
@@ -217,6 +242,35 @@ impl Translator {
             weights,
             layer,
             num_layers,
+        })
+    }
+
+    /// Tokenizes `text` and translates it greedily: the inputs of a teacher-forced pass over
+    /// the model's own translation. Errors as [`Translator::translate`] does for a text it
+    /// cannot take, and when the model does not finish within [`MAX_OUTPUT_TOKENS`].
+    pub fn teacher_forcing(&self, text: &str) -> candle::Result<TeacherForcing> {
+        let source_ids = self.encode(text)?;
+        let src = pad_rows(&[&source_ids], self.model.config().pad_id, &self.device)?;
+        let hyp = self
+            .model
+            .generate(&src, MAX_OUTPUT_TOKENS, 1, 1.0)?
+            .remove(0);
+        if !hyp.finished {
+            candle::bail!(
+                "the model did not finish a translation of {text:?} within {MAX_OUTPUT_TOKENS} tokens"
+            )
+        }
+        let mut decoder_ids = vec![self.model.config().bos_id];
+        decoder_ids.extend(&hyp.tokens);
+        Ok(TeacherForcing {
+            source_tokens: self.english.tokens(text)?,
+            source_ids,
+            decoder_tokens: decoder_ids
+                .iter()
+                .map(|&id| self.german_token(id))
+                .collect(),
+            decoder_ids,
+            translation: self.german.decode(&hyp.tokens)?,
         })
     }
 

@@ -1,0 +1,379 @@
+//! `candle_attention::explain`: the step-by-step computation equals the library's attention
+//! (`MultiHeadAttention::attend` with per-head weights) on the same inputs, and, for every block
+//! of the shipped translator and of a MarianMT directory, the block's output in the model's own
+//! forward pass, whose logits are those of the plain forward pass.
+
+use candle::{DType, Device, Tensor};
+use candle_attention::explain::{explain_attention, AttentionUse, Explanation, RowStats};
+use candle_attention::marian::MarianTranslator;
+use candle_attention::translate::translator::Translator;
+use candle_attention::{AttentionArgs, Mask, MultiHeadAttention, MultiHeadAttentionConfig};
+use candle_nn::{VarBuilder, VarMap};
+use std::path::{Path, PathBuf};
+
+const TOL: f32 = 1e-5;
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    assert_eq!(a.dims(), b.dims());
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
+fn shipped() -> Translator {
+    Translator::load(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/weights"),
+        &Device::Cpu,
+    )
+    .unwrap()
+}
+
+fn marian_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/marian_e2e")
+}
+
+/// The steps against `attend(need_weights, per head)` on the same inputs and mask.
+fn check_against_attend(
+    mha: &MultiHeadAttention,
+    query: &Tensor,
+    kv: &Tensor,
+    mask: &Mask,
+    what: &str,
+) {
+    let steps = explain_attention(mha, query, kv, kv, mask).unwrap();
+    let batched = |t: &Tensor| {
+        if t.rank() == 2 {
+            t.unsqueeze(0).unwrap()
+        } else {
+            t.clone()
+        }
+    };
+    let (q, kv) = (batched(query), batched(kv));
+    let out = mha
+        .attend(
+            &q,
+            &kv,
+            &kv,
+            &AttentionArgs {
+                mask: mask.clone(),
+                need_weights: true,
+                average_weights: false,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let d_out = max_diff(&steps.output, &out.output.squeeze(0).unwrap());
+    let d_w = max_diff(&steps.weights, &out.weights.unwrap().squeeze(0).unwrap());
+    assert!(d_out < TOL, "{what}: output differs by {d_out}");
+    assert!(d_w < TOL, "{what}: weights differ by {d_w}");
+    // The intermediate steps are what they claim to be.
+    let (h, l, s) = steps.scores.dims3().unwrap();
+    assert_eq!(h, mha.config().num_heads);
+    let by_hand = steps.q.matmul(&steps.k.t().unwrap()).unwrap();
+    assert!(max_diff(&steps.scores, &by_hand) < TOL, "{what}: scores");
+    let scaled = (&steps.scores * steps.scale).unwrap();
+    assert!(max_diff(&steps.scaled, &scaled) < TOL, "{what}: scaled");
+    assert_eq!(steps.concat.dims(), &[l, h * steps.value_dim]);
+    assert_eq!(steps.blended.dims(), &[h, l, steps.value_dim]);
+    assert_eq!(steps.weights.dims(), &[h, l, s]);
+    for head in 0..h {
+        for row in steps.head_rows(&steps.weights, head).unwrap() {
+            let sum: f32 = row.iter().sum();
+            assert!(
+                (sum - 1.0).abs() < 1e-5 || sum == 0.0,
+                "{what}: a row sums to {sum}"
+            );
+        }
+    }
+}
+
+fn fresh_mha(cfg: MultiHeadAttentionConfig) -> MultiHeadAttention {
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    MultiHeadAttention::new(cfg, vb).unwrap()
+}
+
+#[test]
+fn steps_equal_attend_with_weights_for_every_kind_of_mask() {
+    let dev = Device::Cpu;
+    let mha = fresh_mha(MultiHeadAttentionConfig::new(32, 4));
+    let x = Tensor::randn(0f32, 1., (6, 32), &dev).unwrap();
+    let m = Tensor::randn(0f32, 1., (9, 32), &dev).unwrap();
+    check_against_attend(&mha, &x, &x, &Mask::none(), "self, no mask");
+    check_against_attend(&mha, &x, &x, &Mask::causal(), "self, causal");
+    check_against_attend(&mha, &x, &m, &Mask::none(), "cross, L != S");
+    let pad = Tensor::new(&[[0u8, 0, 0, 0, 0, 0, 1, 1, 1]], &dev).unwrap();
+    check_against_attend(
+        &mha,
+        &x,
+        &m,
+        &Mask::key_padding(pad).unwrap(),
+        "cross, key padding",
+    );
+    // A row with every key blocked: zeros, as attend defines it.
+    let all = Tensor::ones((6, 6), DType::U8, &dev).unwrap();
+    check_against_attend(
+        &mha,
+        &x,
+        &x,
+        &Mask::boolean(all).unwrap(),
+        "everything blocked",
+    );
+    let gqa = fresh_mha(MultiHeadAttentionConfig::new(32, 4).with_num_kv_heads(2));
+    check_against_attend(&gqa, &x, &x, &Mask::causal(), "grouped-query");
+}
+
+#[test]
+fn add_bias_kv_is_refused_with_a_reason() {
+    let mha = fresh_mha(MultiHeadAttentionConfig::new(16, 2).with_add_bias_kv(true));
+    let x = Tensor::zeros((3, 16), DType::F32, &Device::Cpu).unwrap();
+    let err = explain_attention(&mha, &x, &x, &x, &Mask::none())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("add_bias_kv"), "{err}");
+}
+
+/// Every block of a model: the explained output equals the forward pass's, the steps equal
+/// attend on the traced inputs, and the labels fit.
+fn check_model_blocks(
+    explain: impl Fn(AttentionUse, usize) -> candle::Result<Explanation>,
+    layers: (usize, usize),
+) {
+    for attention in AttentionUse::ALL {
+        let n = if attention == AttentionUse::EncoderSelf {
+            layers.0
+        } else {
+            layers.1
+        };
+        for layer in 0..n {
+            let e = explain(attention, layer).unwrap();
+            let what = format!("{attention} layer {layer}");
+            let d = e.max_forward_difference().unwrap();
+            assert!(
+                d < TOL,
+                "{what}: explained output is {d} from the forward pass"
+            );
+            assert_eq!(e.num_layers, n);
+            assert_eq!(e.query_tokens.len(), e.steps.num_queries(), "{what}");
+            assert_eq!(e.key_tokens.len(), e.steps.num_keys(), "{what}");
+            let blocked = e.steps.blocked(0).unwrap();
+            for (i, row) in blocked.iter().enumerate() {
+                for (j, &b) in row.iter().enumerate() {
+                    let want = attention == AttentionUse::DecoderSelf && j > i;
+                    assert_eq!(b, want, "{what}: mask at ({i}, {j})");
+                }
+            }
+            // The paper's argument holds on every row: dividing by √d_k > 1 flattens the
+            // softmax (a smaller peak, more entropy).
+            for head in 0..e.steps.num_heads {
+                let cmp = e.steps.scaling_comparison(head).unwrap();
+                for (a, b) in cmp.scaled.iter().zip(&cmp.unscaled) {
+                    assert!(
+                        a.max_weight <= b.max_weight + 1e-5,
+                        "{what}: {a:?} vs {b:?}"
+                    );
+                    assert!(
+                        a.entropy_bits + 1e-4 >= b.entropy_bits,
+                        "{what}: {a:?} vs {b:?}"
+                    );
+                }
+                let ratio = cmp.raw_std as f64 / cmp.scaled_std as f64;
+                assert!((ratio - cmp.sqrt_d_k).abs() < 1e-3 * cmp.sqrt_d_k);
+            }
+            assert_eq!(e.steps.head_summaries().unwrap().len(), e.steps.num_heads);
+        }
+    }
+}
+
+#[test]
+fn shipped_model_blocks_equal_its_forward_pass() {
+    let t = shipped();
+    let text = "three hundred and forty-two";
+    let cfg = t.model().config().transformer.clone();
+    check_model_blocks(
+        |u, l| Explanation::of_translator(&t, text, u, l),
+        (cfg.num_encoder_layers, cfg.num_decoder_layers),
+    );
+    let e = Explanation::of_translator(&t, text, AttentionUse::Cross, 1).unwrap();
+    assert_eq!(e.example.translation, "dreihundertzweiundvierzig");
+    assert_eq!(e.example.decoder_tokens[0], "<bos>");
+    assert_eq!(
+        e.example.source_tokens,
+        ["three", "hundred", "and", "forty", "-", "two"]
+    );
+    assert_eq!(e.steps.head_dim, 16);
+    assert_eq!(e.steps.scores.dims(), &[8, e.example.decoder_ids.len(), 6]);
+}
+
+#[test]
+fn shipped_trace_is_the_forward_pass() {
+    let t = shipped();
+    let ex = t.teacher_forcing("nine hundred and one").unwrap();
+    let dev = Device::Cpu;
+    let src = Tensor::new(ex.source_ids.as_slice(), &dev)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let tgt = Tensor::new(ex.decoder_ids.as_slice(), &dev)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let trace = t.model().trace(&src, &tgt).unwrap();
+    let logits = t.model().forward(&src, &tgt, false).unwrap();
+    assert_eq!(max_diff(&trace.logits, &logits), 0.0);
+    let (memory, _) = t.model().encode(&src, false).unwrap();
+    assert_eq!(max_diff(&trace.memory, &memory), 0.0);
+    // Cross-attention reads the encoder output; self-attention its own input.
+    for layer in &trace.decoder {
+        assert_eq!(max_diff(&layer.cross_attn.key_value, &memory), 0.0);
+        assert_eq!(
+            max_diff(&layer.self_attn.key_value, &layer.self_attn.query),
+            0.0
+        );
+    }
+    // The greedy translation is what the logits predict, position by position.
+    let predicted: Vec<u32> = logits
+        .squeeze(0)
+        .unwrap()
+        .argmax(1)
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    assert_eq!(&predicted[..predicted.len() - 1], &ex.decoder_ids[1..]);
+    assert_eq!(*predicted.last().unwrap(), t.model().config().eos_id);
+    // The weights the model reports for its heatmaps are the explained ones.
+    let cross = t.model().cross_attention(&src, &tgt).unwrap();
+    for (layer, w) in cross.iter().enumerate() {
+        let e = Explanation::of_translator(&t, "nine hundred and one", AttentionUse::Cross, layer)
+            .unwrap();
+        assert!(max_diff(&e.steps.weights, &w.squeeze(0).unwrap()) < TOL);
+    }
+}
+
+#[test]
+fn marian_blocks_equal_its_forward_pass() {
+    let t = MarianTranslator::from_dir(marian_dir(), &Device::Cpu).unwrap();
+    let text = "I see three hundred twelve birds.";
+    let cfg = t.model().config().clone();
+    check_model_blocks(
+        |u, l| Explanation::of_marian(&t, text, u, l),
+        (cfg.encoder_layers, cfg.decoder_layers),
+    );
+    let e = Explanation::of_marian(&t, text, AttentionUse::DecoderSelf, 0).unwrap();
+    assert_eq!(e.example.source_tokens.last().unwrap(), "</s>");
+    assert_eq!(Some(e.example.decoder_ids[0]), cfg.decoder_start_token_id);
+    // The trace's logits are the model's forward pass.
+    let dev = Device::Cpu;
+    let ids = Tensor::new(e.example.source_ids.as_slice(), &dev)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let dec = Tensor::new(e.example.decoder_ids.as_slice(), &dev)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let mask = ids.ones_like().unwrap();
+    let (logits, memory) = t.model().forward(&ids, &mask, &dec).unwrap();
+    let trace = t.model().trace(&ids, &mask, &dec).unwrap();
+    assert_eq!(max_diff(&trace.logits, &logits), 0.0);
+    assert_eq!(max_diff(&trace.memory, &memory), 0.0);
+    assert_eq!(max_diff(&e.logits, &logits.squeeze(0).unwrap()), 0.0);
+}
+
+#[test]
+fn bad_layers_heads_uses_and_texts_are_errors_that_say_what_is_valid() {
+    let t = shipped();
+    let err = Explanation::of_translator(&t, "seven", AttentionUse::EncoderSelf, 2)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("layer 2") && err.contains("0..=1"), "{err}");
+    let e = Explanation::of_translator(&t, "seven", AttentionUse::EncoderSelf, 0).unwrap();
+    let err = e.steps.check_head(8).unwrap_err().to_string();
+    assert!(err.contains("head 8") && err.contains("0..=7"), "{err}");
+    let err = "sideways".parse::<AttentionUse>().unwrap_err().to_string();
+    assert!(
+        err.contains("encoder-self") && err.contains("decoder-self") && err.contains("cross"),
+        "{err}"
+    );
+    let err = Explanation::of_translator(&t, "fourty", AttentionUse::EncoderSelf, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("fourty"), "{err}");
+}
+
+#[test]
+fn row_statistics_of_known_rows() {
+    let one_hot = RowStats::of(&[0.0, 1.0, 0.0]);
+    assert_eq!(one_hot.argmax, 1);
+    assert_eq!(one_hot.entropy_bits, 0.0);
+    assert_eq!(one_hot.max_gradient, 0.0);
+    let half = RowStats::of(&[0.5, 0.5]);
+    assert!((half.entropy_bits - 1.0).abs() < 1e-6);
+    assert!((half.max_gradient - 0.25).abs() < 1e-6);
+    let quarter = RowStats::of(&[0.25; 4]);
+    assert!((quarter.entropy_bits - 2.0).abs() < 1e-6);
+    // p_i (1 - p_i) = 0.1875 on the diagonal beats p_i p_j = 0.0625 off it.
+    assert!((quarter.max_gradient - 0.1875).abs() < 1e-6);
+}
+
+/// Against transformers (tests/fixtures/make_explain_fixture.py): the same decoder input (our
+/// tokenizer and greedy search), every block's weights equal `output_attentions`, and every
+/// block's input equals `output_hidden_states`.
+#[test]
+fn marian_steps_equal_transformers_attentions_and_hidden_states() {
+    let dev = Device::Cpu;
+    let fixture = candle::safetensors::load(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/explain/marian_e2e.safetensors"),
+        &dev,
+    )
+    .unwrap();
+    let ids = |name: &str| -> Vec<u32> {
+        fixture[name]
+            .squeeze(0)
+            .unwrap()
+            .to_vec1::<i64>()
+            .unwrap()
+            .into_iter()
+            .map(|i| i as u32)
+            .collect()
+    };
+    let t = MarianTranslator::from_dir(marian_dir(), &dev).unwrap();
+    let text = "I see three hundred twelve birds.";
+    let mut compared = 0;
+    for attention in AttentionUse::ALL {
+        for layer in 0..2 {
+            let e = Explanation::of_marian(&t, text, attention, layer).unwrap();
+            assert_eq!(e.example.source_ids, ids("input_ids"));
+            assert_eq!(e.example.decoder_ids, ids("decoder_input_ids"));
+            let (weights, hidden) = match attention {
+                AttentionUse::EncoderSelf => ("encoder_attentions", "encoder_hidden_states"),
+                AttentionUse::DecoderSelf => ("decoder_attentions", "decoder_hidden_states"),
+                AttentionUse::Cross => ("cross_attentions", "encoder_hidden_states"),
+            };
+            let want = fixture[&format!("{weights}.{layer}")].squeeze(0).unwrap();
+            let d = max_diff(&e.steps.weights, &want);
+            assert!(d < TOL, "{attention} layer {layer}: weights differ by {d}");
+            // Post-norm Marian: a layer's input is its self-attention's input; cross-attention
+            // reads the encoder output (the last hidden state).
+            let (input, want) = match attention {
+                AttentionUse::Cross => (&e.steps.key_input, format!("{hidden}.2")),
+                _ => (&e.steps.query_input, format!("{hidden}.{layer}")),
+            };
+            let want = fixture[&want].squeeze(0).unwrap();
+            let d = max_diff(input, &want);
+            assert!(
+                d < 1e-4,
+                "{attention} layer {layer}: block input differs by {d}"
+            );
+            compared += 1;
+        }
+    }
+    assert_eq!(compared, 6);
+}
