@@ -417,6 +417,17 @@ pub fn render_text(
     out.push_str(&format_matrix(rows, cols, &cells(&scaled, 2), 3, width));
     out.push('\n');
     let blocked = s.blocked(head)?;
+    // The additive mask as printed: -inf where a key is blocked, 0 where it is visible.
+    let mask_cells = |blocked: &[Vec<bool>]| -> Vec<Vec<String>> {
+        blocked
+            .iter()
+            .map(|r| {
+                r.iter()
+                    .map(|&b| if b { "-inf" } else { "0" }.to_string())
+                    .collect()
+            })
+            .collect()
+    };
     let any_blocked = blocked.iter().flatten().any(|&b| b);
     match (e.attention, any_blocked) {
         (AttentionUse::DecoderSelf, _) => {
@@ -426,30 +437,14 @@ pub fn render_text(
                  above the diagonal is added to the scaled scores, so those keys get weight \
                  exp(-inf) = 0.",
             );
-            let mask: Vec<Vec<String>> = blocked
-                .iter()
-                .map(|r| {
-                    r.iter()
-                        .map(|&b| if b { "-inf" } else { "0" }.to_string())
-                        .collect()
-                })
-                .collect();
-            out.push_str(&format_matrix(rows, cols, &mask, 3, width));
+            out.push_str(&format_matrix(rows, cols, &mask_cells(&blocked), 3, width));
         }
         (_, true) => {
             para(
                 &mut out,
                 "4. Mask: padding keys get -inf (no query looks at them):",
             );
-            let mask: Vec<Vec<String>> = blocked
-                .iter()
-                .map(|r| {
-                    r.iter()
-                        .map(|&b| if b { "-inf" } else { "0" }.to_string())
-                        .collect()
-                })
-                .collect();
-            out.push_str(&format_matrix(rows, cols, &mask, 3, width));
+            out.push_str(&format_matrix(rows, cols, &mask_cells(&blocked), 3, width));
         }
         (_, false) => para(
             &mut out,

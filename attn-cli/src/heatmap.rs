@@ -443,42 +443,14 @@ impl Figure {
             )?;
         }
 
-        // Column labels (source tokens) along the top.
-        writeln!(out, r#"<g class="source-labels" fill="{INK}">"#)?;
-        for (j, label) in self.source.iter().enumerate() {
-            let cx = gx + (j as f64 + 0.5) * CELL;
-            let y = gy - LABEL_GAP;
-            if self.rotate_columns {
-                // Baseline from (cx, y) up to the right; shifted so the glyphs sit centred on
-                // that line.
-                writeln!(
-                    out,
-                    r#"<text x="{cx:.1}" y="{:.1}" transform="rotate(-45 {cx:.1} {y:.1})">{}</text>"#,
-                    y + 0.35 * FONT,
-                    escape(label)
-                )?;
-            } else {
-                writeln!(
-                    out,
-                    r#"<text x="{cx:.1}" y="{y:.1}" text-anchor="middle">{}</text>"#,
-                    escape(label)
-                )?;
-            }
-        }
-        writeln!(out, "</g>")?;
-
-        // Row labels (output tokens) on the left.
-        writeln!(out, r#"<g class="output-labels" fill="{INK}">"#)?;
-        for (i, label) in self.output.iter().enumerate() {
-            writeln!(
-                out,
-                r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
-                gx - LABEL_GAP,
-                gy + (i as f64 + 0.5) * CELL + 0.35 * FONT,
-                escape(label)
-            )?;
-        }
-        writeln!(out, "</g>")?;
+        // Column labels (source tokens) along the top, row labels (output tokens) on the left.
+        write_axis_labels(
+            out,
+            ("source-labels", &self.source),
+            ("output-labels", &self.output),
+            (gx, gy),
+            self.rotate_columns,
+        )?;
 
         // The cells, each with a tooltip for SVG viewers.
         for (i, row) in panel.values.iter().enumerate() {
@@ -521,6 +493,52 @@ impl Figure {
         )?;
         writeln!(out, "</g>")
     }
+}
+
+/// The labels of a grid of cells whose top-left corner is at `(gx, gy)`: `columns` along the
+/// top (rotated by 45° when `rotate`, so that long tokens do not overlap), `rows` on the left,
+/// each in a `<g>` of the given class. Shared by the attention heatmaps and the step figures
+/// of `attn explain` ([`steps`]).
+pub(crate) fn write_axis_labels(
+    out: &mut String,
+    (column_class, columns): (&str, &[String]),
+    (row_class, rows): (&str, &[String]),
+    (gx, gy): (f64, f64),
+    rotate: bool,
+) -> std::fmt::Result {
+    writeln!(out, r#"<g class="{column_class}" fill="{INK}">"#)?;
+    for (j, label) in columns.iter().enumerate() {
+        let cx = gx + (j as f64 + 0.5) * CELL;
+        let y = gy - LABEL_GAP;
+        if rotate {
+            // Baseline from (cx, y) up to the right; shifted so the glyphs sit centred on that
+            // line.
+            writeln!(
+                out,
+                r#"<text x="{cx:.1}" y="{:.1}" transform="rotate(-45 {cx:.1} {y:.1})">{}</text>"#,
+                y + 0.35 * FONT,
+                escape(label)
+            )?;
+        } else {
+            writeln!(
+                out,
+                r#"<text x="{cx:.1}" y="{y:.1}" text-anchor="middle">{}</text>"#,
+                escape(label)
+            )?;
+        }
+    }
+    writeln!(out, "</g>")?;
+    writeln!(out, r#"<g class="{row_class}" fill="{INK}">"#)?;
+    for (i, label) in rows.iter().enumerate() {
+        writeln!(
+            out,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
+            gx - LABEL_GAP,
+            gy + (i as f64 + 0.5) * CELL + 0.35 * FONT,
+            escape(label)
+        )?;
+    }
+    writeln!(out, "</g>")
 }
 
 /// The embedded font database: DejaVu Sans only, also standing in for `sans-serif`.

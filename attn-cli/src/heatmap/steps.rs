@@ -21,8 +21,8 @@
 //! ```
 
 use super::{
-    display_label, escape, hex, rasterise, text_width, BAR_GAP, BAR_WIDTH, CELL, DIAG, FONT,
-    FONT_FAMILY, INK, LABEL_GAP, MARGIN, PANEL_GAP, TITLE_FONT,
+    display_label, escape, hex, rasterise, text_width, write_axis_labels, BAR_GAP, BAR_WIDTH, CELL,
+    DIAG, FONT, FONT_FAMILY, INK, LABEL_GAP, MARGIN, PANEL_GAP, TITLE_FONT,
 };
 use candle::Result;
 use std::fmt::Write as _;
@@ -305,37 +305,13 @@ fn write_panel(
         r#"<text class="panel-title" x="{gx:.1}" y="{FONT}" fill="{INK}">{}</text>"#,
         escape(&panel.title)
     )?;
-    writeln!(out, r#"<g class="column-labels" fill="{INK}">"#)?;
-    for (j, label) in g.columns.iter().enumerate() {
-        let cx = gx + (j as f64 + 0.5) * CELL;
-        let y = gy - LABEL_GAP;
-        if g.rotate {
-            writeln!(
-                out,
-                r#"<text x="{cx:.1}" y="{:.1}" transform="rotate(-45 {cx:.1} {y:.1})">{}</text>"#,
-                y + 0.35 * FONT,
-                escape(label)
-            )?;
-        } else {
-            writeln!(
-                out,
-                r#"<text x="{cx:.1}" y="{y:.1}" text-anchor="middle">{}</text>"#,
-                escape(label)
-            )?;
-        }
-    }
-    writeln!(out, "</g>")?;
-    writeln!(out, r#"<g class="row-labels" fill="{INK}">"#)?;
-    for (i, label) in g.rows.iter().enumerate() {
-        writeln!(
-            out,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
-            gx - LABEL_GAP,
-            gy + (i as f64 + 0.5) * CELL + 0.35 * FONT,
-            escape(label)
-        )?;
-    }
-    writeln!(out, "</g>")?;
+    write_axis_labels(
+        out,
+        ("column-labels", &g.columns),
+        ("row-labels", &g.rows),
+        (gx, gy),
+        g.rotate,
+    )?;
     for (i, row) in panel.values.iter().enumerate() {
         for (j, &v) in row.iter().enumerate() {
             let tip = if v.is_finite() {
