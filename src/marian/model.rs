@@ -370,14 +370,20 @@ impl MarianMTModel {
         self.encode_with_padding(input_ids, &padding)
     }
 
-    fn encode_with_padding(&self, input_ids: &Tensor, padding: &Tensor) -> candle::Result<Tensor> {
+    /// The encoder's input: `input_ids` `(B, S)` checked against the vocabulary, embedded
+    /// (scaled) with positions, `(B, S, d_model)`.
+    fn encoder_input(&self, input_ids: &Tensor) -> candle::Result<Tensor> {
         let ids = self.checked_ids(
             "input_ids",
             &input_ids.to_device(self.device())?,
             self.cfg.vocab_size,
             0,
         )?;
-        let x = self.embed(&self.encoder_embed, &ids, 0)?;
+        self.embed(&self.encoder_embed, &ids, 0)
+    }
+
+    fn encode_with_padding(&self, input_ids: &Tensor, padding: &Tensor) -> candle::Result<Tensor> {
+        let x = self.encoder_input(input_ids)?;
         let masks = EncoderMasks {
             src_mask: Mask::none(),
             src_key_padding_mask: Some(padding),
@@ -460,13 +466,7 @@ impl MarianMTModel {
         decoder_input_ids: &Tensor,
     ) -> candle::Result<ModelTrace> {
         let padding = self.source_padding(input_ids, attention_mask)?;
-        let ids = self.checked_ids(
-            "input_ids",
-            &input_ids.to_device(self.device())?,
-            self.cfg.vocab_size,
-            0,
-        )?;
-        let x = self.embed(&self.encoder_embed, &ids, 0)?;
+        let x = self.encoder_input(input_ids)?;
         let (memory, encoder) = self.encoder.forward_traced(
             &x,
             &EncoderMasks {
