@@ -127,7 +127,8 @@ pub struct TorchMhaOptions {
 }
 
 /// What to do when naive attention off the CPU is over the limit.
-const OFF_CPU_HINT: &str = "run on the CPU, where the memory-efficient kernel needs no such memory";
+const OFF_CPU_HINT: &str =
+    "without attention weights the memory-efficient kernels (any device) need no such memory";
 
 /// The limit `attn run` applies by default: 4 GiB of naive attention scores.
 pub const DEFAULT_MAX_ATTENTION_BYTES: u64 = 4 << 30;
