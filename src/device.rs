@@ -35,9 +35,8 @@ pub fn device_from_name(name: &str) -> candle::Result<Device> {
                      (needs the CUDA toolkit's nvcc) on a machine with an NVIDIA GPU"
                 )
             }
-            Device::new_cuda(ordinal).map_err(|e| {
-                candle::Error::Msg(format!("cannot open CUDA device {ordinal}: {e}"))
-            })
+            Device::new_cuda(ordinal)
+                .map_err(|e| candle::Error::Msg(format!("cannot open CUDA device {ordinal}: {e}")))
         }
         "metal" => {
             if !candle::utils::metal_is_available() {
@@ -46,9 +45,8 @@ pub fn device_from_name(name: &str) -> candle::Result<Device> {
                      on macOS"
                 )
             }
-            Device::new_metal(ordinal).map_err(|e| {
-                candle::Error::Msg(format!("cannot open Metal device {ordinal}: {e}"))
-            })
+            Device::new_metal(ordinal)
+                .map_err(|e| candle::Error::Msg(format!("cannot open Metal device {ordinal}: {e}")))
         }
         _ => candle::bail!("unknown device {name:?}: expected cpu, cuda, cuda:N, metal or metal:N"),
     }

@@ -65,8 +65,8 @@ pub mod transformer;
 pub mod translate;
 pub mod weights;
 
-pub use device::device_from_name;
 pub use decode::{beam_search, greedy, Hypothesis, SearchConfig, StepDecoder};
+pub use device::device_from_name;
 pub use kv_cache::{CachedAttentionArgs, CrossAttentionCache, KvCache};
 pub use mask::{AttentionShape, Mask};
 pub use mha::{AttentionArgs, MultiHeadAttention, MultiHeadAttentionConfig};

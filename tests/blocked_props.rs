@@ -380,10 +380,16 @@ fn strided_inputs_match_contiguous_ones() {
     let want = reference(&q, &k, &v, &mask, &c);
     let pad = |t: &Tensor| {
         let extra = Tensor::zeros((2, 2, 11, t.dim(3).unwrap()), DType::F32, &Device::Cpu).unwrap();
-        Tensor::cat(&[t, &extra], 2).unwrap().to_device(&dev).unwrap()
+        Tensor::cat(&[t, &extra], 2)
+            .unwrap()
+            .to_device(&dev)
+            .unwrap()
     };
     let (kbuf, vbuf) = (pad(&k), pad(&v));
-    let (kview, vview) = (kbuf.narrow(2, 0, 21).unwrap(), vbuf.narrow(2, 0, 21).unwrap());
+    let (kview, vview) = (
+        kbuf.narrow(2, 0, 21).unwrap(),
+        vbuf.narrow(2, 0, 21).unwrap(),
+    );
     assert!(!kview.is_contiguous());
     let parts = mask.decompose(c.shape(), &dev).unwrap();
     let q_dev = q.to_device(&dev).unwrap();
@@ -403,10 +409,17 @@ fn strided_inputs_match_contiguous_ones() {
             .transpose(1, 2)
             .unwrap()
     };
-    let got = blocked::attention_with(&split(&q), &split(&k), &split(&v), &parts, c.scale(), &c.cfg())
-        .unwrap()
-        .to_device(&Device::Cpu)
-        .unwrap();
+    let got = blocked::attention_with(
+        &split(&q),
+        &split(&k),
+        &split(&v),
+        &parts,
+        c.scale(),
+        &c.cfg(),
+    )
+    .unwrap()
+    .to_device(&Device::Cpu)
+    .unwrap();
     assert!(max_abs_diff(&got, &want) <= tolerance(DType::F32, &dev));
 }
 
@@ -425,7 +438,11 @@ fn dispatch_on_the_test_device() {
         dv: 16,
         block_q: None,
         block_k: None,
-        kinds: vec![MaskKind::Causal(20), MaskKind::KeyPadding, MaskKind::AdditiveBroadcast],
+        kinds: vec![
+            MaskKind::Causal(20),
+            MaskKind::KeyPadding,
+            MaskKind::AdditiveBroadcast,
+        ],
         scale: None,
         seed: 5,
     };

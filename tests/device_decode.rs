@@ -83,10 +83,13 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
             .to_vec1()
             .unwrap()
     };
-    flat(a)
-        .iter()
-        .zip(flat(b))
-        .fold(0f64, |m, (x, y)| if (x - y).is_nan() { f64::NAN } else { m.max((x - y).abs()) })
+    flat(a).iter().zip(flat(b)).fold(0f64, |m, (x, y)| {
+        if (x - y).is_nan() {
+            f64::NAN
+        } else {
+            m.max((x - y).abs())
+        }
+    })
 }
 
 /// Step-by-step logits equal the full pass, on `model`'s device and dtype.
@@ -120,8 +123,11 @@ fn f64_cached_attention_runs_the_blocked_path_over_the_cache_view() {
     let cpu = Device::Cpu;
     let varmap = VarMap::new();
     let cfg = MultiHeadAttentionConfig::new(16, 4);
-    MultiHeadAttention::new(cfg.clone(), VarBuilder::from_varmap(&varmap, DType::F64, &cpu))
-        .unwrap();
+    MultiHeadAttention::new(
+        cfg.clone(),
+        VarBuilder::from_varmap(&varmap, DType::F64, &cpu),
+    )
+    .unwrap();
     let tensors: HashMap<String, Tensor> = varmap
         .data()
         .lock()
@@ -138,12 +144,17 @@ fn f64_cached_attention_runs_the_blocked_path_over_the_cache_view() {
     let pad = Tensor::from_vec(pad, (batch, len), &cpu).unwrap();
     // need_weights: the naive kernel.
     let full = attn
-        .attend(&x, &x, &x, &AttentionArgs {
-            mask: Mask::causal(),
-            key_padding: Some(&pad),
-            need_weights: true,
-            ..Default::default()
-        })
+        .attend(
+            &x,
+            &x,
+            &x,
+            &AttentionArgs {
+                mask: Mask::causal(),
+                key_padding: Some(&pad),
+                need_weights: true,
+                ..Default::default()
+            },
+        )
         .unwrap()
         .output;
     let mut cache = KvCache::new();
@@ -151,10 +162,14 @@ fn f64_cached_attention_runs_the_blocked_path_over_the_cache_view() {
     for chunk in [1, 3, 1, 1, 4, 1] {
         let seen = pad.narrow(1, 0, start + chunk).unwrap();
         let step = attn
-            .attend_cached(&x.narrow(1, start, chunk).unwrap(), &mut cache, &CachedAttentionArgs {
-                key_padding: Some(&seen),
-                ..Default::default()
-            })
+            .attend_cached(
+                &x.narrow(1, start, chunk).unwrap(),
+                &mut cache,
+                &CachedAttentionArgs {
+                    key_padding: Some(&seen),
+                    ..Default::default()
+                },
+            )
             .unwrap()
             .output;
         let err = max_abs_diff(&step, &full.narrow(1, start, chunk).unwrap());
@@ -174,7 +189,9 @@ fn search_on_the_test_device_gives_the_cpu_tokens() {
         let want = cpu_model
             .generate(&ids(&src_rows, &Device::Cpu), 8, beam, 1.0)
             .unwrap();
-        let got = dev_model.generate(&ids(&src_rows, &dev), 8, beam, 1.0).unwrap();
+        let got = dev_model
+            .generate(&ids(&src_rows, &dev), 8, beam, 1.0)
+            .unwrap();
         assert_eq!(got.len(), want.len());
         for (g, w) in got.iter().zip(&want) {
             assert_eq!(g.tokens, w.tokens, "beam {beam}");

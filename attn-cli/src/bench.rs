@@ -229,7 +229,11 @@ pub fn attention(a: &AttentionBenchArgs) -> Result<()> {
                 })
             }
             ImplArg::Tiled | ImplArg::Decode | ImplArg::CandleFlash if !dev.is_cpu() => {
-                bail!("--impl {} is a CPU kernel; on {:?} use naive, generic or auto", imp.name(), dev.location())
+                bail!(
+                    "--impl {} is a CPU kernel; on {:?} use naive, generic or auto",
+                    imp.name(),
+                    dev.location()
+                )
             }
             ImplArg::Generic => {
                 let parts = mask.decompose(shape, &dev)?;

@@ -2,7 +2,7 @@
 //! whole prefix at every step, on a randomly initialised Seq2Seq model.
 
 use anyhow::Result;
-use candle::{DType, Device, Tensor, D};
+use candle::{DType, Tensor, D};
 use candle_attention::transformer::{Seq2Seq, Seq2SeqConfig, TransformerConfig};
 use candle_nn::{VarBuilder, VarMap};
 use std::time::Instant;

@@ -198,8 +198,8 @@ pub fn attention_with(
             let nk = bk.min(k_end - k0);
             let k_blk = k.narrow(2, k0, nk)?;
             let v_blk = v.narrow(2, k0, nk)?;
-            let mut scores = (q_blk.matmul(&k_blk.t()?)?.to_dtype(stats)? * scale)?
-                .reshape((b, h, nq, nk))?;
+            let mut scores =
+                (q_blk.matmul(&k_blk.t()?)?.to_dtype(stats)? * scale)?.reshape((b, h, nq, nk))?;
             let tile_bias = match (&key_bias, &bias_q) {
                 (Some(kb), Some(bb)) => Some(crate::mask::add_blocking_wins(
                     &kb.narrow(3, k0, nk)?,
@@ -223,11 +223,19 @@ pub fn attention_with(
                 }
             }
             state = Some(update(
-                state, &scores, &v_blk, &consts, in_dtype, stats, (b, h, hkv, group, nq, dv),
+                state,
+                &scores,
+                &v_blk,
+                &consts,
+                in_dtype,
+                stats,
+                (b, h, hkv, group, nq, dv),
             )?);
         }
         let out = match state {
-            Some(st) => st.acc.broadcast_div(&st.sum.broadcast_maximum(&consts.tiny)?)?,
+            Some(st) => st
+                .acc
+                .broadcast_div(&st.sum.broadcast_maximum(&consts.tiny)?)?,
             // Unreachable with S > 0 (key 0 is always visible), kept total for safety.
             None => Tensor::zeros((b, h, nq, dv), stats, &dev)?,
         };

@@ -346,7 +346,10 @@ impl Seq2Seq {
             self.tgt_embed.forward(tgt)?
         };
         let (_, t, d) = tokens.dims3()?;
-        let have = state.positions.as_ref().map_or(0, |p| p.dim(0).unwrap_or(0));
+        let have = state
+            .positions
+            .as_ref()
+            .map_or(0, |p| p.dim(0).unwrap_or(0));
         if have < past + t {
             let rows = (past + t).max(2 * have).max(64);
             state.positions = Some(sinusoidal_positions(
