@@ -52,6 +52,7 @@
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
 pub mod decode;
+pub mod device;
 pub mod explain;
 pub mod kv_cache;
 pub mod marian;
@@ -66,6 +67,7 @@ pub mod translate;
 pub mod weights;
 
 pub use decode::{beam_search, greedy, Hypothesis, SearchConfig, StepDecoder};
+pub use device::device_from_name;
 pub use kv_cache::{CachedAttentionArgs, CrossAttentionCache, KvCache};
 pub use mask::{AttentionShape, Mask};
 pub use mha::{AttentionArgs, MultiHeadAttention, MultiHeadAttentionConfig};

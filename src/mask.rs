@@ -243,7 +243,7 @@ impl Mask {
         let mut blocked: Option<Tensor> = None; // U8, 1 = blocked
         let mut additive: Option<Tensor> = None; // F32
         let mut add_blocked = |t: Tensor| -> candle::Result<()> {
-            let t = t.ne(0u8)?; // normalise any non-zero byte to 1
+            let t = nonzero(&t)?; // normalise any non-zero byte to 1
             blocked = Some(match blocked.take() {
                 None => t,
                 Some(b) => b.broadcast_maximum(&t)?,
@@ -280,7 +280,7 @@ impl Mask {
         let blocked_bias = match blocked {
             None => None,
             Some(b) => {
-                let neg_inf = Tensor::new(f32::NEG_INFINITY, device)?.broadcast_as(b.shape())?;
+                let neg_inf = neg_inf_like(b.shape(), device)?;
                 let zero = Tensor::zeros(b.shape(), DType::F32, device)?;
                 Some(b.where_cond(&neg_inf, &zero)?)
             }
@@ -331,10 +331,9 @@ impl Mask {
                 MaskTerm::KeyPadding(t) => {
                     let t = t.to_device(device)?;
                     let t = if t.dtype() == DType::U8 {
-                        let neg_inf =
-                            Tensor::new(f32::NEG_INFINITY, device)?.broadcast_as(t.shape())?;
+                        let neg_inf = neg_inf_like(t.shape(), device)?;
                         let zero = Tensor::zeros(t.shape(), DType::F32, device)?;
-                        t.ne(0u8)?.where_cond(&neg_inf, &zero)?
+                        nonzero(&t)?.where_cond(&neg_inf, &zero)?
                     } else {
                         t.to_dtype(DType::F32)?
                     };
@@ -357,12 +356,32 @@ impl Mask {
 /// skip blocked keys without reading them.
 pub(crate) fn add_blocking_wins(a: &Tensor, b: &Tensor) -> candle::Result<Tensor> {
     let sum = a.broadcast_add(b)?;
-    let blocked = a
-        .eq(f32::NEG_INFINITY)?
-        .broadcast_maximum(&b.eq(f32::NEG_INFINITY)?)?
+    let is_neg_inf = |t: &Tensor| -> candle::Result<Tensor> {
+        t.eq(&neg_inf_of(t.dtype(), t.shape(), t.device())?)
+    };
+    let blocked = is_neg_inf(a)?
+        .broadcast_maximum(&is_neg_inf(b)?)?
         .broadcast_as(sum.shape())?;
-    let neg_inf = Tensor::new(f32::NEG_INFINITY, a.device())?.broadcast_as(sum.shape())?;
+    let neg_inf = neg_inf_of(sum.dtype(), sum.shape(), a.device())?;
     blocked.where_cond(&neg_inf, &sum)
+}
+
+/// `-inf` (`f32`) broadcast to `shape`, filled on `device`: unlike `Tensor::new` or a scalar
+/// operand, this copies nothing from the host (on CUDA such a copy waits for the device).
+fn neg_inf_like(shape: &candle::Shape, device: &Device) -> candle::Result<Tensor> {
+    neg_inf_of(DType::F32, shape, device)
+}
+
+/// `-inf` of `dtype` (a float dtype) broadcast to `shape`, filled on `device`.
+fn neg_inf_of(dtype: DType, shape: &candle::Shape, device: &Device) -> candle::Result<Tensor> {
+    Tensor::full(f32::NEG_INFINITY, (), device)?
+        .to_dtype(dtype)?
+        .broadcast_as(shape)
+}
+
+/// `U8` 1 where `t` (an integer mask) is non-zero, compared on its device (no host scalar).
+fn nonzero(t: &Tensor) -> candle::Result<Tensor> {
+    t.ne(&Tensor::zeros((), t.dtype(), t.device())?.broadcast_as(t.shape())?)
 }
 
 /// Polarity-explicit masks take integer tensors only: a float tensor is more likely an additive

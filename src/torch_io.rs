@@ -119,15 +119,17 @@ pub struct TorchMhaOptions {
     pub need_weights: bool,
     /// Average weights over heads (torch's `average_attn_weights`).
     pub average_weights: bool,
-    /// Refuse the call when attention would take the naive path (weights requested, or a
-    /// non-CPU device) and its scores would need more than this many bytes
+    /// Refuse the call when attention would take the naive path (weights requested) and its
+    /// scores would need more than this many bytes
     /// ([`crate::sdpa::naive_attention_bytes`]). `None`: no limit. The memory-efficient
     /// kernel is never limited: its memory grows linearly with the sequence lengths.
     pub max_attention_bytes: Option<u64>,
 }
 
-/// What to do when naive attention off the CPU is over the limit.
-const OFF_CPU_HINT: &str = "run on the CPU, where the memory-efficient kernel needs no such memory";
+/// What to do when naive attention without weights is over the limit (kept for callers that
+/// check such calls: every device now has a memory-efficient kernel, so it does not happen).
+const OFF_CPU_HINT: &str =
+    "without attention weights the memory-efficient kernels (any device) need no such memory";
 
 /// The limit `attn run` applies by default: 4 GiB of naive attention scores.
 pub const DEFAULT_MAX_ATTENTION_BYTES: u64 = 4 << 30;
@@ -322,8 +324,9 @@ impl TorchTransformerInputs {
 
 /// Runs `model` on torch-layout inputs (eval mode) and returns `output` in the layout of `tgt`.
 /// `max_attention_bytes` is the limit of [`TorchMhaOptions::max_attention_bytes`], checked
-/// for the encoder, decoder and cross attention (it only binds off the CPU, where the
-/// Transformer's attention takes the naive path).
+/// for the encoder, decoder and cross attention. The Transformer requests no attention
+/// weights, so its attention takes a memory-efficient kernel on every device (tiled on the CPU,
+/// [`crate::sdpa::blocked`] elsewhere) and the limit does not bind.
 pub fn run_transformer(
     model: &Transformer,
     inputs: &TorchTransformerInputs,

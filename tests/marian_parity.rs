@@ -1,6 +1,9 @@
 //! MarianMT against transformers: encoder states and logits of `MarianMTModel(...)` on padded
 //! batches, for every fixture variant (tests/fixtures/make_marian_fixtures.py), and the
-//! positional table.
+//! positional table. The models run on the test device (`ATTN_TEST_DEVICE`, CPU by default;
+//! `tests/common`).
+
+mod common;
 
 use candle::{DType, Device, Tensor};
 use candle_attention::marian::{marian_positions, MarianMTModel};
@@ -51,7 +54,7 @@ fn ids(file: &TensorFile, name: &str) -> Tensor {
 #[test]
 fn logits_and_encoder_states_match_transformers() {
     for dir in variants() {
-        let model = MarianMTModel::from_dir(&dir, &Device::Cpu)
+        let model = MarianMTModel::from_dir(&dir, &common::test_device())
             .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         let inputs = TensorFile::open(dir.join("inputs.safetensors")).unwrap();
         let expected = TensorFile::open(dir.join("expected.safetensors")).unwrap();
@@ -85,7 +88,7 @@ fn logits_and_encoder_states_match_transformers() {
 fn step_by_step_decoding_equals_the_full_pass() {
     use candle_attention::StepDecoder;
     for dir in variants() {
-        let model = MarianMTModel::from_dir(&dir, &Device::Cpu).unwrap();
+        let model = MarianMTModel::from_dir(&dir, &common::test_device()).unwrap();
         let inputs = TensorFile::open(dir.join("inputs.safetensors")).unwrap();
         let (input_ids, mask) = (ids(&inputs, "input_ids"), ids(&inputs, "attention_mask"));
         let dec = ids(&inputs, "decoder_input_ids");
@@ -125,7 +128,7 @@ fn generate_matches_transformers_token_for_token() {
     let mut cases_run = 0;
     let mut mismatches = Vec::new();
     for dir in variants() {
-        let model = MarianMTModel::from_dir(&dir, &Device::Cpu).unwrap();
+        let model = MarianMTModel::from_dir(&dir, &common::test_device()).unwrap();
         let model_cfg = MarianConfig::load(dir.join("config.json")).unwrap();
         let inputs = TensorFile::open(dir.join("inputs.safetensors")).unwrap();
         let expected = TensorFile::open(dir.join("expected.safetensors")).unwrap();

@@ -6,10 +6,10 @@
 //! Threads: rayon's pool (`RAYON_NUM_THREADS`), which the tiled kernel and candle's matmul
 //! both use. Timings are wall-clock medians over `--iters` runs after `--warmup` runs.
 
-use crate::DTypeArg;
+use crate::{DTypeArg, DeviceArg};
 use anyhow::{bail, Result};
 use candle::{DType, Device, Tensor};
-use candle_attention::sdpa::{decode, naive, tiled};
+use candle_attention::sdpa::{blocked, decode, naive, tiled};
 use candle_attention::{
     scaled_dot_product_attention, AttentionShape, Mask, MultiHeadAttention,
     MultiHeadAttentionConfig, SdpaArgs,
@@ -26,6 +26,9 @@ pub enum ImplArg {
     Tiled,
     /// The decode kernel (meant for a few queries against many keys).
     Decode,
+    /// The device-generic blocked kernel (candle ops, online softmax; what non-CPU devices
+    /// use).
+    Generic,
     /// candle-nn's CPU `attention::flash_attn` (takes (B, S, H, D); no key padding).
     CandleFlash,
     /// `scaled_dot_product_attention` without weights: what the library picks.
@@ -38,6 +41,7 @@ impl ImplArg {
             ImplArg::Naive => "naive",
             ImplArg::Tiled => "tiled",
             ImplArg::Decode => "decode",
+            ImplArg::Generic => "generic",
             ImplArg::CandleFlash => "candle-flash",
             ImplArg::Auto => "auto",
         }
@@ -79,6 +83,9 @@ pub struct AttentionBenchArgs {
     /// Input dtype.
     #[arg(long, value_enum, default_value = "f32")]
     dtype: DTypeArg,
+    /// Where to compute (tiled, decode and candle-flash are CPU kernels).
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: DeviceArg,
     /// Timed iterations (the median and minimum are reported).
     #[arg(long, default_value_t = 10)]
     iters: usize,
@@ -110,6 +117,9 @@ pub struct MhaBenchArgs {
     /// Input dtype.
     #[arg(long, value_enum, default_value = "f32")]
     dtype: DTypeArg,
+    /// Where to compute.
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: DeviceArg,
     /// Timed iterations.
     #[arg(long, default_value_t = 10)]
     iters: usize,
@@ -121,18 +131,26 @@ pub struct MhaBenchArgs {
     json: bool,
 }
 
-/// Median and minimum of `iters` timed calls of `f`, in milliseconds.
-fn time(warmup: usize, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<(f64, f64)> {
+/// Median and minimum of `iters` timed calls of `f`, in milliseconds. Each call ends with a
+/// synchronisation of `dev`, so queued GPU work is counted.
+fn time(
+    dev: &Device,
+    warmup: usize,
+    iters: usize,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<(f64, f64)> {
     if iters == 0 {
         bail!("--iters must be at least 1")
     }
     for _ in 0..warmup {
         f()?;
+        dev.synchronize()?;
     }
     let mut ms = Vec::with_capacity(iters);
     for _ in 0..iters {
         let t = Instant::now();
         f()?;
+        dev.synchronize()?;
         ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
     ms.sort_by(f64::total_cmp);
@@ -154,7 +172,7 @@ fn dtype_name(dt: DType) -> &'static str {
 }
 
 pub fn attention(a: &AttentionBenchArgs) -> Result<()> {
-    let dev = Device::Cpu;
+    let dev = a.device.device()?;
     let dtype = a.dtype.dtype();
     let (b, h, nq, nk, d) = (a.batch, a.heads, a.seq_q, a.seq_k, a.head_dim);
     if b == 0 || h == 0 || nq == 0 || nk == 0 || d == 0 {
@@ -209,6 +227,18 @@ pub fn attention(a: &AttentionBenchArgs) -> Result<()> {
                 Box::new(move || {
                     Ok(naive::attention(&q, &k, &v, bias.as_ref(), scale, 0.0, false)?.0)
                 })
+            }
+            ImplArg::Tiled | ImplArg::Decode | ImplArg::CandleFlash if !dev.is_cpu() => {
+                bail!(
+                    "--impl {} is a CPU kernel; on {:?} use naive, generic or auto",
+                    imp.name(),
+                    dev.location()
+                )
+            }
+            ImplArg::Generic => {
+                let parts = mask.decompose(shape, &dev)?;
+                let (q, k, v) = (q.clone(), k.clone(), v.clone());
+                Box::new(move || Ok(blocked::attention(&q, &k, &v, &parts, scale)?))
             }
             ImplArg::Tiled | ImplArg::Decode => {
                 let parts = mask.decompose(shape, &dev)?;
@@ -274,7 +304,7 @@ pub fn attention(a: &AttentionBenchArgs) -> Result<()> {
                 Box::new(move || Ok(scaled_dot_product_attention(&q, &k, &v, &args)?.output))
             }
         };
-        let (median, min) = time(a.warmup, a.iters, || run().map(drop))?;
+        let (median, min) = time(&dev, a.warmup, a.iters, || run().map(drop))?;
         let gflops = flops / (median * 1e6);
         if a.json {
             let line = serde_json::json!({
@@ -284,6 +314,7 @@ pub fn attention(a: &AttentionBenchArgs) -> Result<()> {
                 "causal": a.causal,
                 "key_lengths": a.key_lengths,
                 "dtype": dtype_name(dtype),
+                "device": format!("{:?}", dev.location()),
                 "threads": rayon::current_num_threads(),
                 "iters": a.iters,
                 "median_ms": median,
@@ -304,7 +335,7 @@ pub fn attention(a: &AttentionBenchArgs) -> Result<()> {
 }
 
 pub fn mha(a: &MhaBenchArgs) -> Result<()> {
-    let dev = Device::Cpu;
+    let dev = a.device.device()?;
     let dtype = a.dtype.dtype();
     let (b, n, e, h) = (a.batch, a.seq, a.embed_dim, a.heads);
     if b == 0 || n == 0 {
@@ -333,7 +364,7 @@ pub fn mha(a: &MhaBenchArgs) -> Result<()> {
         },
         ..Default::default()
     };
-    let (median, min) = time(a.warmup, a.iters, || {
+    let (median, min) = time(&dev, a.warmup, a.iters, || {
         if a.causal {
             mha.attend(&x, &x, &x, &args)?;
         } else {

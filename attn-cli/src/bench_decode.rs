@@ -2,7 +2,7 @@
 //! whole prefix at every step, on a randomly initialised Seq2Seq model.
 
 use anyhow::Result;
-use candle::{DType, Device, Tensor, D};
+use candle::{DType, Tensor, D};
 use candle_attention::transformer::{Seq2Seq, Seq2SeqConfig, TransformerConfig};
 use candle_nn::{VarBuilder, VarMap};
 use std::time::Instant;
@@ -39,6 +39,9 @@ pub struct DecodeBenchArgs {
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
+    /// Where to compute: cpu, cuda or metal (the GPU ones need a build with that feature).
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: crate::DeviceArg,
 }
 
 /// Timings of one decoding run.
@@ -50,7 +53,7 @@ struct Run {
 }
 
 pub fn run(args: &DecodeBenchArgs) -> Result<()> {
-    let device = Device::Cpu;
+    let device = args.device.device()?;
     let cfg = Seq2SeqConfig {
         transformer: TransformerConfig {
             num_encoder_layers: args.layers,

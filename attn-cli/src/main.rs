@@ -69,16 +69,19 @@ enum RunCommand {
 pub enum DeviceArg {
     Cpu,
     Cuda,
+    Metal,
 }
 
 impl DeviceArg {
+    /// The device (ordinal 0), or an error naming the cargo feature when this build lacks the
+    /// backend.
     pub fn device(self) -> anyhow::Result<candle::Device> {
-        Ok(match self {
-            DeviceArg::Cpu => candle::Device::Cpu,
-            DeviceArg::Cuda => candle::Device::new_cuda(0).map_err(|e| {
-                anyhow::anyhow!("cannot use CUDA device 0 ({e}); build with `--features cuda` on a machine with an NVIDIA GPU")
-            })?,
-        })
+        let name = match self {
+            DeviceArg::Cpu => "cpu",
+            DeviceArg::Cuda => "cuda",
+            DeviceArg::Metal => "metal",
+        };
+        Ok(candle_attention::device_from_name(name)?)
     }
 }
 

@@ -19,6 +19,9 @@ pub struct RunMarianArgs {
     /// Where to write f32 `logits` (B, T, V) and `encoder_last_hidden_state` (B, S, E).
     #[arg(long)]
     output: PathBuf,
+    /// Where to compute: cpu, cuda or metal (the GPU ones need a build with that feature).
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: crate::DeviceArg,
 }
 
 /// Loads the model, with the directory in the error.
@@ -64,7 +67,7 @@ pub fn read_ids(file: &TensorFile, name: &str, device: &Device) -> anyhow::Resul
 }
 
 pub fn run(args: &RunMarianArgs) -> anyhow::Result<()> {
-    let device = Device::Cpu;
+    let device = args.device.device()?;
     let model = load_model(&args.model, &device)?;
     let inputs = TensorFile::open(&args.inputs)?;
     let input_ids = read_ids(&inputs, "input_ids", &device)?;
@@ -221,6 +224,9 @@ pub struct GenerateArgs {
     /// Fewest tokens to generate before EOS may come.
     #[arg(long)]
     min_new_tokens: Option<usize>,
+    /// Where to compute: cpu, cuda or metal (the GPU ones need a build with that feature).
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: crate::DeviceArg,
 }
 
 /// The generation settings of `dir` with the command line's overrides.
@@ -251,7 +257,7 @@ pub fn generation_config(
 }
 
 pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
-    let device = Device::Cpu;
+    let device = args.device.device()?;
     let cfg = generation_config(
         &args.model,
         args.beams,

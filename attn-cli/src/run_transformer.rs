@@ -40,8 +40,8 @@ pub struct RunTransformerArgs {
     output: PathBuf,
     #[arg(long, value_enum, default_value = "cpu")]
     device: DeviceArg,
-    /// Refuse to run when attention would take the naive path (attention weights requested,
-    /// or not on the CPU) and its scores would need more than this many GiB; 0 for no limit.
+    /// Refuse to run when attention would take the naive path (attention weights requested)
+    /// and its scores would need more than this many GiB; 0 for no limit.
     #[arg(long, default_value_t = crate::DEFAULT_MAX_ATTENTION_GIB, value_name = "GIB")]
     max_attention_memory: f64,
     #[arg(long, value_enum, default_value = "f32")]

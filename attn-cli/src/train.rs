@@ -63,6 +63,9 @@ pub struct TrainArgs {
     /// Repeats per epoch of each number below 1,000 (a tenth of it below 10,000).
     #[arg(long)]
     oversample_small: Option<usize>,
+    /// Where to compute: cpu, cuda or metal (the GPU ones need a build with that feature).
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: crate::DeviceArg,
 }
 
 impl TrainArgs {
@@ -93,6 +96,7 @@ impl TrainArgs {
 
 pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     let cfg = args.config();
+    let device = args.device.device()?;
     eprintln!(
         "training into {} with {}",
         args.out.display(),
@@ -109,7 +113,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     let out = train(
         &cfg,
         &args.out,
-        &candle::Device::Cpu,
+        &device,
         |s| {
             let loss = smoothed.map_or(s.loss as f64, |l| 0.95 * l + 0.05 * s.loss as f64);
             smoothed = Some(loss);

@@ -34,6 +34,9 @@ pub struct TranslateArgs {
     /// Decoder layer of the heatmap (0-based; default: the last).
     #[arg(long)]
     layer: Option<usize>,
+    /// Where to compute: cpu, cuda or metal (the GPU ones need a build with that feature).
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: crate::DeviceArg,
     /// Texts to translate; without any, one per line from standard input.
     texts: Vec<String>,
 }
@@ -88,7 +91,7 @@ pub fn run(args: &TranslateArgs) -> anyhow::Result<()> {
         return run_marian(args, dir, heads);
     }
     let beam = args.beam.unwrap_or(1);
-    let device = candle::Device::Cpu;
+    let device = args.device.device()?;
     let translator = match &args.weights {
         Some(dir) => Translator::load(dir, &device)
             .with_context(|| format!("loading the translation model from {}", dir.display()))?,
@@ -106,7 +109,7 @@ pub fn run(args: &TranslateArgs) -> anyhow::Result<()> {
 /// `attn translate --model DIR`: a Hugging Face MarianMT directory, text to text, as the
 /// transformers pipeline does it.
 fn run_marian(args: &TranslateArgs, dir: &std::path::Path, heads: Heads) -> anyhow::Result<()> {
-    let device = candle::Device::Cpu;
+    let device = args.device.device()?;
     let translator = MarianTranslator::from_dir(dir, &device)
         .with_context(|| format!("loading the MarianMT model in {}", dir.display()))?;
     let generation = crate::marian::generation_config(dir, args.beam, args.max_new_tokens, None)?;

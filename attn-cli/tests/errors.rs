@@ -437,6 +437,42 @@ fn cuda_without_the_feature_is_a_clear_error() {
     assert!(err.contains("CUDA"), "{err}");
 }
 
+/// Every command that computes takes `--device cpu|cuda|metal`; a backend this build lacks is
+/// refused up front with the cargo feature that enables it (no model is loaded first).
+#[test]
+fn every_computing_command_refuses_a_device_not_compiled_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let out = dir.path().join("o.safetensors");
+    let out = s(&out);
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["translate", "seven"],
+        vec!["translate", "--model", d, "seven"],
+        vec!["train", "--out", d, "--steps", "1"],
+        vec!["generate", "--model", d, "--inputs", out, "--output", out],
+        vec![
+            "run", "marian", "--model", d, "--inputs", out, "--output", out,
+        ],
+        vec!["bench", "attention", "--iters", "1"],
+        vec!["bench", "mha", "--iters", "1"],
+        vec!["bench", "decode", "--lengths", "2"],
+    ];
+    for (device, feature, compiled) in [
+        ("cuda", "--features cuda", cfg!(feature = "cuda")),
+        ("metal", "--features metal", cfg!(feature = "metal")),
+    ] {
+        if compiled {
+            continue;
+        }
+        for cmd in &commands {
+            let mut args = cmd.clone();
+            args.extend(["--device", device]);
+            let err = attn_fails(&args);
+            assert!(err.contains(feature), "attn {args:?}: {err}");
+        }
+    }
+}
+
 fn transformer_fixture(name: &str) -> PathBuf {
     common::transformer_fixtures().join(name)
 }

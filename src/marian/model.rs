@@ -527,6 +527,13 @@ impl MarianMTModel {
     ) -> candle::Result<Tensor> {
         let past = state.cache.len();
         let ids = self.checked_ids("decoder ids", ids, self.cfg.target_vocab_size(), past)?;
+        self.step_checked(state, &ids)
+    }
+
+    /// [`MarianMTModel::step_logits`] for `ids` `(rows, T)` `U32` already checked against the
+    /// vocabulary and the position table.
+    fn step_checked(&self, state: &mut MarianDecodeState, ids: &Tensor) -> candle::Result<Tensor> {
+        let past = state.cache.len();
         if ids.dim(0)? != state.rows() {
             candle::bail!(
                 "step got {} rows of ids but the decode state has {}",
@@ -534,7 +541,7 @@ impl MarianMTModel {
                 state.rows()
             )
         }
-        let x = self.embed(&self.decoder_embed, &ids, past)?;
+        let x = self.embed(&self.decoder_embed, ids, past)?;
         let masks = DecoderMasks {
             tgt_mask: Mask::none(),
             memory_mask: Mask::none(),
@@ -628,8 +635,21 @@ impl StepDecoder for MarianMTModel {
     type State = MarianDecodeState;
 
     fn step(&self, state: &mut MarianDecodeState, tokens: &[u32]) -> candle::Result<Tensor> {
+        // The tokens are checked here, on the host: `step_logits` would ask the device for
+        // their min and max (two reads back per step on a GPU).
+        let vocab = self.cfg.target_vocab_size();
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            candle::bail!("decoder ids hold id {bad}, outside the vocabulary of {vocab} tokens")
+        }
+        let max_len = self.cfg.max_position_embeddings;
+        if state.len() + 1 > max_len {
+            candle::bail!(
+                "decoder ids reach position {} but the model allows at most max_position_embeddings = {max_len}",
+                state.len() + 1
+            )
+        }
         let ids = Tensor::from_slice(tokens, (tokens.len(), 1), self.device())?;
-        let logits = self.step_logits(state, &ids)?.squeeze(1)?;
+        let logits = self.step_checked(state, &ids)?.squeeze(1)?;
         log_softmax_rows(&logits.to_dtype(DType::F32)?)
     }
 

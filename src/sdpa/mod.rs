@@ -6,13 +6,15 @@
 //! * [`tiled`]: a memory-efficient online-softmax kernel for CPU tensors (FlashAttention-2
 //!   style, never the `(L, S)` matrix); [`decode`] is its split-over-keys variant for a few
 //!   queries against a long key sequence (incremental decoding).
+//! * [`blocked`]: the same online softmax written in candle tensor ops (query blocks × key
+//!   blocks), for every device: memory linear in the sequence length, no host round trip.
 //! * [`naive`]: materialises the `(B, H, L, S)` score matrix, returns the attention weights
 //!   and supports autograd on every candle device.
 //!
-//! The choice is automatic: CPU tensors of dtype `f32`, `f16` or `bf16` take the tiled kernel
-//! (the decode one for at most [`decode::MAX_QUERIES`] queries) when the weights are not
-//! requested, dropout is 0 and no input (mask included) tracks gradients. Everything else
-//! (weights, training, autograd, CUDA/Metal, `f64`) takes the naive path.
+//! The choice is automatic when the weights are not requested, dropout is 0 and no input (mask
+//! included) tracks gradients: CPU tensors of dtype `f32`, `f16` or `bf16` take the tiled
+//! kernel (the decode one for at most [`decode::MAX_QUERIES`] queries), everything else
+//! (CUDA, Metal, `f64`) the blocked one. Weights, training and autograd take the naive path.
 //!
 //! ## Fully masked rows
 //! A query whose keys are all blocked (every score `-inf`) has no defined softmax. We define
@@ -34,6 +36,7 @@
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+pub mod blocked;
 pub mod decode;
 pub mod naive;
 pub mod tiled;
@@ -134,7 +137,9 @@ pub fn scaled_dot_product_attention(
             .iter()
             .any(|t| t.as_ref().is_some_and(|t| t.track_op()));
         if !mask_tracks {
-            let output = if shape.q_len <= decode::MAX_QUERIES {
+            let output = if !uses_cpu_kernels(q.device(), q.dtype()) {
+                blocked::attention(q, k, v, &parts, scale)?
+            } else if shape.q_len <= decode::MAX_QUERIES {
                 decode::attention(q, k, v, &parts, scale)?
             } else {
                 tiled::attention(q, k, v, &parts, scale)?
@@ -158,13 +163,20 @@ pub fn scaled_dot_product_attention(
     Ok(AttentionOutput { output, weights })
 }
 
-/// True when [`scaled_dot_product_attention`] runs inputs on `device` of `dtype` with the
-/// memory-efficient kernels (O(L + S) extra memory per head) rather than the naive path,
-/// which materialises the `(B, H, L, S)` scores. Also needed: no dropout and no autograd.
+/// True when [`scaled_dot_product_attention`] runs inputs on `device` of `dtype` with a
+/// memory-efficient kernel (extra memory linear in `L` and `S`) rather than the naive path,
+/// which materialises the `(B, H, L, S)` scores: on every device and float dtype (the tiled
+/// CPU kernels or [`blocked`]) unless the weights are requested. Also needed: no dropout and
+/// no autograd.
 pub fn uses_memory_efficient_kernel(device: &Device, dtype: DType, need_weights: bool) -> bool {
-    matches!(device, Device::Cpu)
-        && matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
-        && !need_weights
+    let _ = (device, dtype);
+    !need_weights
+}
+
+/// True when inputs on `device` of `dtype` take the CPU kernels ([`tiled`], [`decode`]) rather
+/// than [`blocked`] on the memory-efficient path.
+fn uses_cpu_kernels(device: &Device, dtype: DType) -> bool {
+    matches!(device, Device::Cpu) && matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
 }
 
 /// Bytes the naive path allocates at its peak for `shape`: the `f32` scores, their

@@ -108,7 +108,15 @@ pub fn attention(
 fn fully_masked_rows(bias: &Tensor) -> candle::Result<Option<Tensor>> {
     // "Every entry is -inf", not "the maximum is -inf": a max can skip NaN, and a NaN in the
     // bias must make the row NaN (as in torch), not zeros.
-    let dead = bias.eq(f64::NEG_INFINITY)?.min_keepdim(D::Minus1)?;
+    let neg_inf = Tensor::full(f32::NEG_INFINITY, (), bias.device())?
+        .to_dtype(bias.dtype())?
+        .broadcast_as(bias.shape())?;
+    let dead = bias.eq(&neg_inf)?.min_keepdim(D::Minus1)?;
+    if !bias.device().is_cpu() {
+        // Off the CPU, reading `any` back would wait for the device: always take the
+        // (harmless when no row is dead) zeroing path instead.
+        return Ok(Some(dead));
+    }
     let any = dead.max_all()?.to_scalar::<u8>()? != 0;
     Ok(any.then_some(dead))
 }

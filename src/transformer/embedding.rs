@@ -53,13 +53,21 @@ impl TokenEmbedding {
                 candle::bail!("token id {max} is out of range for a vocabulary of {vocab} tokens")
             }
         }
+        self.forward_unchecked(ids)
+    }
+
+    /// [`TokenEmbedding::forward`] for ids already known to be inside the table (checked on
+    /// the host by the caller): skips the range check, which reads the largest id back from
+    /// the device.
+    pub(crate) fn forward_unchecked(&self, ids: &Tensor) -> candle::Result<Tensor> {
         self.embedding.forward(ids)? * self.scale
     }
 }
 
 /// Sinusoidal positional encodings for positions `start..start + len`, `(len, d_model)`:
 /// `PE(pos, 2i) = sin(pos / 10000^(2i / d_model))`, `PE(pos, 2i + 1) = cos(...)` (interleaved,
-/// as in the paper). Computed in f64 on the host, then moved to `device` in `dtype`.
+/// as in the paper). Computed in f64 and converted to `dtype` on the host, then copied to
+/// `device` (no `f64` on the device: Metal has none).
 pub fn sinusoidal_positions(
     start: usize,
     len: usize,
@@ -75,7 +83,9 @@ pub fn sinusoidal_positions(
             values.push(if j % 2 == 0 { angle.sin() } else { angle.cos() });
         }
     }
-    Tensor::from_vec(values, (len, d_model), device)?.to_dtype(dtype)
+    Tensor::from_vec(values, (len, d_model), &Device::Cpu)?
+        .to_dtype(dtype)?
+        .to_device(device)
 }
 
 #[cfg(test)]

@@ -100,6 +100,9 @@ pub struct DecodeState {
     /// `(rows, T)` `U8`, 1 where a fed target token was padding.
     tgt_padding: Option<Tensor>,
     cache: DecoderCache,
+    /// Positional encodings `(P, d_model)` on the device for positions `0..P`, grown by
+    /// doubling: a step narrows it instead of uploading its positions.
+    positions: Option<Tensor>,
 }
 
 impl DecodeState {
@@ -344,6 +347,7 @@ impl Seq2Seq {
             src_padding,
             tgt_padding: None,
             cache: DecoderCache::default(),
+            positions: None,
         })
     }
 
@@ -352,6 +356,17 @@ impl Seq2Seq {
     /// prefix. Each step costs time proportional to the prefix length (the KV cache holds the
     /// earlier keys and values; the encoder memory is projected once).
     pub fn step(&self, state: &mut DecodeState, tgt: &Tensor) -> candle::Result<Tensor> {
+        self.step_ids(state, tgt, false)
+    }
+
+    /// [`Seq2Seq::step`]; `ids_checked`: the caller has checked on the host that every id is
+    /// inside the target vocabulary, so the device is not asked for the largest one.
+    fn step_ids(
+        &self,
+        state: &mut DecodeState,
+        tgt: &Tensor,
+        ids_checked: bool,
+    ) -> candle::Result<Tensor> {
         Self::check_ids("target ids", tgt)?;
         if tgt.dim(0)? != state.rows() {
             candle::bail!(
@@ -361,12 +376,40 @@ impl Seq2Seq {
             )
         }
         let past = state.len();
-        let new_padding = tgt.eq(self.cfg.pad_id)?;
+        // Compared on the device with a device-filled pad id (a scalar operand would be
+        // copied from the host at every step).
+        let pad = Tensor::full(self.cfg.pad_id, (), tgt.device())?.broadcast_as(tgt.shape())?;
+        let new_padding = tgt.eq(&pad)?;
         let tgt_padding = match &state.tgt_padding {
             Some(p) => Tensor::cat(&[p, &new_padding], 1)?,
             None => new_padding,
         };
-        let x = self.embed(&self.tgt_embed, tgt, past, false)?;
+        let tokens = if ids_checked {
+            self.tgt_embed.forward_unchecked(tgt)?
+        } else {
+            self.tgt_embed.forward(tgt)?
+        };
+        let (_, t, d) = tokens.dims3()?;
+        let have = state
+            .positions
+            .as_ref()
+            .map_or(0, |p| p.dim(0).unwrap_or(0));
+        if have < past + t {
+            let rows = (past + t).max(2 * have).max(64);
+            state.positions = Some(sinusoidal_positions(
+                0,
+                rows,
+                d,
+                tokens.dtype(),
+                tokens.device(),
+            )?);
+        }
+        let pe = state
+            .positions
+            .as_ref()
+            .expect("just filled")
+            .narrow(0, past, t)?;
+        let x = tokens.broadcast_add(&pe)?;
         let masks = DecoderMasks {
             // The cached pass applies the causal mask itself, offset by the cache length.
             tgt_mask: Mask::none(),
@@ -391,8 +434,13 @@ impl crate::decode::StepDecoder for Seq2Seq {
     type State = DecodeState;
 
     fn step(&self, state: &mut DecodeState, tokens: &[u32]) -> candle::Result<Tensor> {
+        let vocab = self.cfg.tgt_vocab_size;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            candle::bail!("token id {bad} is out of range for a vocabulary of {vocab} tokens")
+        }
+        // The only upload of a step: the tokens just chosen.
         let ids = Tensor::from_slice(tokens, (tokens.len(), 1), state.memory.device())?;
-        let logits = Seq2Seq::step(self, state, &ids)?.squeeze(1)?;
+        let logits = self.step_ids(state, &ids, true)?.squeeze(1)?;
         candle_nn::ops::log_softmax(&logits.to_dtype(DType::F32)?, candle::D::Minus1)
     }
 

@@ -221,3 +221,39 @@ pub fn transformer_expected_output(case: &TransformerCase) -> candle::Tensor {
         .load("output", &candle::Device::Cpu)
         .unwrap()
 }
+
+/// The device the device-aware tests run on: `ATTN_TEST_DEVICE` (`cpu`, `cuda`, `cuda:N`,
+/// `metal`, `metal:N`; see `candle_attention::device_from_name`), the CPU when unset. A device
+/// this build lacks fails the test with the feature to enable, rather than silently testing the
+/// CPU: `ATTN_TEST_DEVICE=cuda cargo test --features cuda`.
+pub fn test_device() -> candle::Device {
+    match std::env::var("ATTN_TEST_DEVICE") {
+        Ok(name) if !name.trim().is_empty() => candle_attention::device_from_name(&name)
+            .unwrap_or_else(|e| panic!("ATTN_TEST_DEVICE={name:?}: {e}")),
+        _ => candle::Device::Cpu,
+    }
+}
+
+/// Largest absolute error the device-aware tests accept between an attention output computed
+/// in `dtype` on `device` and the `f32` CPU naive reference, for inputs of order 1 (README,
+/// "Tolerances"):
+///
+/// | dtype | CPU | CUDA / Metal |
+/// |---|---|---|
+/// | f32 | 1e-5 | 1e-4 (other summation orders; Metal's fast `exp`) |
+/// | f16 | 1e-2 | 1e-2 |
+/// | bf16 | 6e-2 | 6e-2 |
+///
+/// Half precision: inputs rounded to the dtype are compared with the `f32` reference on the
+/// same rounded values; what remains is the rounding of the scores and probabilities fed to
+/// the matmuls and of the output (f16: 2⁻¹¹ relative, bf16: 2⁻⁸, a few ulps accumulated).
+pub fn tolerance(dtype: DType, device: &candle::Device) -> f32 {
+    match (dtype, device.is_cpu()) {
+        (DType::F32, true) => 1e-5,
+        (DType::F32, false) => 1e-4,
+        (DType::F64, _) => 1e-10,
+        (DType::F16, _) => 1e-2,
+        (DType::BF16, _) => 6e-2,
+        (other, _) => panic!("no tolerance for {other:?}"),
+    }
+}

@@ -1,0 +1,75 @@
+//! Choosing a candle device by name, with an error that says what to do when the backend is
+//! not compiled in (rather than candle's generic "not compiled with cuda support").
+
+use candle::Device;
+
+/// The device named `name`: `cpu`, `cuda` / `cuda:N`, `metal` / `metal:N` (ordinal `N`,
+/// default 0; case-insensitive, surrounding spaces ignored).
+///
+/// Errors: an unknown name (listing the accepted ones), a backend this build does not have
+/// (naming the cargo feature that enables it), or a device the backend cannot open (candle's
+/// reason, e.g. no GPU present).
+///
+/// ```
+/// let cpu = candle_attention::device_from_name("cpu")?;
+/// assert!(cpu.is_cpu());
+/// assert!(candle_attention::device_from_name("tpu").is_err());
+/// # Ok::<(), candle::Error>(())
+/// ```
+pub fn device_from_name(name: &str) -> candle::Result<Device> {
+    let lower = name.trim().to_ascii_lowercase();
+    let (kind, ordinal) = match lower.split_once(':') {
+        Some((kind, n)) => match n.parse::<usize>() {
+            Ok(n) => (kind, n),
+            Err(_) => candle::bail!("device {name:?}: the ordinal after ':' must be a number"),
+        },
+        None => (lower.as_str(), 0),
+    };
+    match kind {
+        "cpu" if ordinal == 0 => Ok(Device::Cpu),
+        "cpu" => candle::bail!("device {name:?}: the CPU has no ordinal"),
+        "cuda" => {
+            if !candle::utils::cuda_is_available() {
+                candle::bail!(
+                    "device {name:?}: this build has no CUDA support; rebuild with `--features cuda` \
+                     (needs the CUDA toolkit's nvcc) on a machine with an NVIDIA GPU"
+                )
+            }
+            Device::new_cuda(ordinal)
+                .map_err(|e| candle::Error::Msg(format!("cannot open CUDA device {ordinal}: {e}")))
+        }
+        "metal" => {
+            if !candle::utils::metal_is_available() {
+                candle::bail!(
+                    "device {name:?}: this build has no Metal support; rebuild with `--features metal` \
+                     on macOS"
+                )
+            }
+            Device::new_metal(ordinal)
+                .map_err(|e| candle::Error::Msg(format!("cannot open Metal device {ordinal}: {e}")))
+        }
+        _ => candle::bail!("unknown device {name:?}: expected cpu, cuda, cuda:N, metal or metal:N"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_and_missing_backends_say_which_feature() {
+        assert!(device_from_name(" CPU ").unwrap().is_cpu());
+        let err = device_from_name("gpu").unwrap_err().to_string();
+        assert!(err.contains("expected cpu, cuda"), "{err}");
+        assert!(device_from_name("cuda:x").is_err());
+        assert!(device_from_name("cpu:1").is_err());
+        if !candle::utils::cuda_is_available() {
+            let err = device_from_name("cuda").unwrap_err().to_string();
+            assert!(err.contains("--features cuda"), "{err}");
+        }
+        if !candle::utils::metal_is_available() {
+            let err = device_from_name("metal:0").unwrap_err().to_string();
+            assert!(err.contains("--features metal"), "{err}");
+        }
+    }
+}
