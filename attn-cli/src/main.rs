@@ -118,6 +118,16 @@ fn keep_freed_memory() {
     }
 }
 
+/// `attn ... | head` closes the pipe early: end quietly, as Unix tools do, instead of the panic
+/// Rust's `print!` raises on a closed stdout (Rust ignores SIGPIPE by default).
+fn die_quietly_on_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of one signal, before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
     // candle attaches a backtrace to its errors when RUST_BACKTRACE is set; a user-facing error
     // message should not carry one. (Set before any thread starts.)
@@ -125,6 +135,7 @@ fn main() -> ExitCode {
         std::env::set_var("RUST_LIB_BACKTRACE", "0");
     }
     keep_freed_memory();
+    die_quietly_on_closed_pipe();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(RunCommand::Mha(args)) => run_mha::run(&args),

@@ -227,3 +227,24 @@ fn bad_input_lists_what_is_valid() {
     let err = fails(&["explain", "--query", "9", "seven"]);
     assert!(err.contains("query 9") && err.contains("0..=0"), "{err}");
 }
+
+/// `attn explain ... | head -c 100`: the reader goes away after a few bytes; attn ends without
+/// a panic message (it used to panic in `print!` on the closed pipe).
+#[test]
+fn a_closed_stdout_ends_attn_quietly() {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_attn"))
+        .args(["explain", "--json", "forty-two"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 100];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    // The read end is dropped here: attn's remaining output has nowhere to go.
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(first.starts_with(b"{"));
+}

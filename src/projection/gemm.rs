@@ -327,15 +327,31 @@ unsafe fn pack_strip_avx512(rows: &[f32], cols: usize, k: usize, panel: &mut [f3
         while k0 < k {
             let nk = (k - k0).min(16);
             let mask: __mmask16 = if nk == 16 { 0xffff } else { (1u16 << nk) - 1 };
-            let mut r = [_mm512_setzero_ps(); 16];
-            for (j, r) in r.iter_mut().enumerate().take(nj) {
-                // SAFETY: row j0 + j < cols, inputs k0 .. k0 + nk <= k (masked: the lanes
-                // past nk are neither read nor faulted on).
-                *r = _mm512_maskz_loadu_ps(mask, src.add((j0 + j) * k + k0));
-                // The next strip's line, into L2 (a hint, never a fault): `W` streams from
-                // memory, and the hardware prefetcher does not follow 16 row streams.
-                _mm_prefetch::<_MM_HINT_T1>(src.wrapping_add((PANEL + j0 + j) * k + k0).cast());
-            }
+            // The next strip's line of row j, into L2 (a hint, never a fault): `W` streams
+            // from memory, and the hardware prefetcher does not follow 16 row streams.
+            let ahead = |j: usize| {
+                _mm_prefetch::<_MM_HINT_T1>(src.wrapping_add((PANEL + j0 + j) * k + k0).cast())
+            };
+            let r: [__m512; 16] = if nj == 16 && nk == 16 {
+                // Whole blocks (nearly all of them), with a fixed trip count, so that the rows
+                // stay in registers instead of going through the stack.
+                std::array::from_fn(|j| {
+                    ahead(j);
+                    // SAFETY: row j0 + j < cols, inputs k0 .. k0 + 16 <= k.
+                    _mm512_loadu_ps(src.add((j0 + j) * k + k0))
+                })
+            } else {
+                std::array::from_fn(|j| {
+                    if j < nj {
+                        ahead(j);
+                        // SAFETY: row j0 + j < cols, inputs k0 .. k0 + nk <= k (masked: the
+                        // lanes past nk are neither read nor faulted on).
+                        _mm512_maskz_loadu_ps(mask, src.add((j0 + j) * k + k0))
+                    } else {
+                        _mm512_setzero_ps()
+                    }
+                })
+            };
             let t = transpose_16x16(r);
             for (kk, t) in t.iter().enumerate().take(nk) {
                 // SAFETY: panel row k0 + kk < k, lanes j0 .. j0 + 16 <= 64 (j0 < cols <= 64
