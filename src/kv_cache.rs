@@ -134,15 +134,12 @@ impl KvCache {
     /// Keeps batch rows `rows` (e.g. the surviving beams), in that order: `(B', H, S, head_dim)`.
     pub fn select_rows(&mut self, rows: &Tensor) -> candle::Result<()> {
         if let Some(kv) = &self.buffers {
-            let (k, v) = (&kv.0, &kv.1);
-            let k = k
-                .narrow(2, 0, self.len)?
-                .contiguous()?
-                .index_select(rows, 0)?;
-            let v = v
-                .narrow(2, 0, self.len)?
-                .contiguous()?
-                .index_select(rows, 0)?;
+            // The whole buffers, spare capacity included, in one gather each: beam search
+            // reorders every step, and the next append must then still fit in place (selecting
+            // only the valid prefix made every append regrow the buffers, three copies of the
+            // cache per step instead of one). The spare positions are never read.
+            let k = kv.0.index_select(rows, 0)?;
+            let v = kv.1.index_select(rows, 0)?;
             self.buffers = Some(Arc::new((k, v)));
         }
         Ok(())
