@@ -103,7 +103,7 @@ for line in open(sys.argv[1]):
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         exe = m["executable"]
-        pkg = os.path.basename(os.path.dirname(m["manifest_path"]))
+        pkg = "attn-cli" if m["manifest_path"].endswith("attn-cli/Cargo.toml") else "candle-attention"
         name = f'test-{pkg}-{m["target"]["kind"][0]}-{m["target"]["name"]}'
         if exe not in seen:
             seen.add(exe)

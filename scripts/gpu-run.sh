@@ -92,6 +92,14 @@ for t in "$work"/bin/test-*; do
   fi
 done
 echo "test binaries: $pass passed, $fail failed"
+# The GPU-only tests of the flash-attn path are #[ignore]d on CPU machines.
+lib_tests=$(ls "$work"/bin/test-*-lib-candle_attention 2>/dev/null | head -1)
+if [ -n "$lib_tests" ]; then
+  echo "---- $lib_tests --ignored sdpa::flash_cuda" >>"$OUT/tests.log"
+  if (cd "$manifest_dir" && timeout 120 "$lib_tests" --ignored sdpa::flash_cuda 2>&1 | tee -a "$OUT/tests.log" | tail -5); then
+    echo "flash-attn GPU tests: see above"
+  fi
+fi
 unset ATTN_TEST_DEVICE
 
 step "attention benchmarks"

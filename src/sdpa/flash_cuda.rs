@@ -47,7 +47,7 @@ pub fn unsupported_reason(q: &Tensor, k: &Tensor, v: &Tensor) -> Option<String> 
             "flash-attn needs one head_dim for queries and values, got {d} and {dv}"
         ));
     }
-    if d == 0 || d % 8 != 0 || d > 512 {
+    if d == 0 || !d.is_multiple_of(8) || d > 512 {
         return Some(format!(
             "flash-attn takes a head_dim that is a multiple of 8 and at most 512, got {d}"
         ));
@@ -90,11 +90,11 @@ pub fn try_attention(
             Ok(None)
         };
     }
+    if mask.has_attention_mask_terms() {
+        return Ok(None); // boolean or additive attention masks: not expressible
+    }
     // Key padding (and causal terms): read the (B, S) padding on the host to pack the keys.
     let parts = mask.decompose(shape, &Device::Cpu)?;
-    if parts.bias.is_some() {
-        return Ok(None); // boolean or additive attention masks
-    }
     let Some(key_bias) = parts.key_bias else {
         // Several causal terms only: the strictest offset decides.
         return match parts.causal_offset {
@@ -180,5 +180,150 @@ fn unit_last_stride(t: &Tensor) -> candle::Result<Tensor> {
         Ok(t.clone())
     } else {
         t.contiguous()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The GPU half runs only where there is one: `#[ignore]`d, and run by scripts/gpu-run.sh
+    //! (`--ignored sdpa::flash_cuda`). The packing itself is tested on the CPU in `varlen`.
+    use super::*;
+    use crate::{scaled_dot_product_attention, SdpaArgs};
+
+    fn randn(shape: (usize, usize, usize, usize), device: &Device) -> Tensor {
+        Tensor::randn(0f32, 1., shape, device).unwrap()
+    }
+
+    #[test]
+    fn declines_cpu_tensors_and_unsupported_shapes() {
+        let cpu = Device::Cpu;
+        let q = randn((1, 2, 4, 8), &cpu).to_dtype(DType::BF16).unwrap();
+        let shape = AttentionShape {
+            batch: 1,
+            heads: 2,
+            q_len: 4,
+            k_len: 4,
+        };
+        let reason = unsupported_reason(&q, &q, &q).unwrap();
+        assert!(reason.contains("CUDA"), "{reason}");
+        assert!(try_attention(&q, &q, &q, &Mask::none(), shape, 1.0)
+            .unwrap()
+            .is_none());
+        let err = attention(&q, &q, &q, &Mask::none(), 1.0).unwrap_err();
+        assert!(err.to_string().contains("CUDA"), "{err}");
+    }
+
+    /// flash-attn (bf16) against this crate's f32 attention on the CPU, for every mask kind
+    /// it takes; and `scaled_dot_product_attention` must have taken flash-attn (same bits).
+    #[test]
+    #[ignore = "needs a CUDA GPU (compute capability >= 8.0): scripts/gpu-run.sh runs it"]
+    fn matches_cpu_attention_on_the_gpu() {
+        let gpu = Device::new_cuda(0).expect("a CUDA device");
+        let (b, h, hkv) = (3, 8, 2);
+        for (l, s, d) in [(1, 37, 64), (50, 50, 64), (17, 80, 128), (130, 130, 32)] {
+            let pad_lens = [s, s / 2, 1];
+            let left: Vec<u8> = pad_lens
+                .iter()
+                .flat_map(|&n| (0..s).map(move |j| u8::from(j < s - n)))
+                .collect();
+            let right: Vec<u8> = pad_lens
+                .iter()
+                .flat_map(|&n| (0..s).map(move |j| u8::from(j >= n)))
+                .collect();
+            let pad = |v: &Vec<u8>| {
+                Mask::key_padding(Tensor::from_vec(v.clone(), (b, s), &Device::Cpu).unwrap())
+                    .unwrap()
+            };
+            let masks = [
+                ("none", Mask::none()),
+                ("causal S-L", Mask::causal_with_offset(s - l)),
+                ("right padding", pad(&right)),
+                ("left padding", pad(&left)),
+                (
+                    "causal S-L + left padding",
+                    Mask::causal_with_offset(s - l).and(pad(&left)),
+                ),
+            ];
+            let q = randn((b, h, l, d), &Device::Cpu);
+            let k = randn((b, hkv, s, d), &Device::Cpu);
+            let v = randn((b, hkv, s, d), &Device::Cpu);
+            let bf = |t: &Tensor| t.to_dtype(DType::BF16).unwrap().to_device(&gpu).unwrap();
+            // The reference sees the same bf16-rounded inputs.
+            let round = |t: &Tensor| {
+                t.to_dtype(DType::BF16)
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap()
+            };
+            for dtype in [DType::BF16, DType::F16] {
+                let (qg, kg, vg) = (
+                    bf(&q).to_dtype(dtype).unwrap(),
+                    bf(&k).to_dtype(dtype).unwrap(),
+                    bf(&v).to_dtype(dtype).unwrap(),
+                );
+                for (name, mask) in &masks {
+                    let args = SdpaArgs {
+                        mask: mask.clone(),
+                        ..Default::default()
+                    };
+                    let want =
+                        scaled_dot_product_attention(&round(&q), &round(&k), &round(&v), &args)
+                            .unwrap()
+                            .output;
+                    let got = attention(&qg, &kg, &vg, mask, 1.0 / (d as f64).sqrt())
+                        .unwrap_or_else(|e| panic!("{name} L={l} S={s} D={d}: {e}"));
+                    let via_sdpa = scaled_dot_product_attention(&qg, &kg, &vg, &args)
+                        .unwrap()
+                        .output;
+                    let got_cpu = got
+                        .to_dtype(DType::F32)
+                        .unwrap()
+                        .to_device(&Device::Cpu)
+                        .unwrap();
+                    let diff = (&got_cpu - &want)
+                        .unwrap()
+                        .abs()
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .max(0)
+                        .unwrap()
+                        .to_scalar::<f32>()
+                        .unwrap();
+                    assert!(
+                        diff < 2e-2,
+                        "{name} {dtype:?} L={l} S={s} D={d}: max |flash - f32| = {diff}"
+                    );
+                    let same = (via_sdpa.to_dtype(DType::F32).unwrap()
+                        - got.to_dtype(DType::F32).unwrap())
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .max(0)
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap();
+                    assert_eq!(
+                        same, 0.0,
+                        "{name}: scaled_dot_product_attention did not take flash-attn"
+                    );
+                }
+                // Declined: right padding under causal self-attention, a boolean mask.
+                if l == s {
+                    let causal_right = Mask::causal().and(pad(&right));
+                    let shape = AttentionShape {
+                        batch: b,
+                        heads: h,
+                        q_len: l,
+                        k_len: s,
+                    };
+                    assert!(try_attention(&qg, &kg, &vg, &causal_right, shape, 0.125)
+                        .unwrap()
+                        .is_none());
+                }
+            }
+        }
     }
 }

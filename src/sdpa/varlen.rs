@@ -228,9 +228,7 @@ impl VarlenPlan {
                 q.dims()
             )
         }
-        heads_to_seq_major(q)?
-            .contiguous()?
-            .reshape((b * l, h, d))
+        heads_to_seq_major(q)?.contiguous()?.reshape((b * l, h, d))
     }
 
     /// Keys or values `(B, Hkv, S, D)` → the kept rows, packed `(total_k, Hkv, D)`.
@@ -244,7 +242,9 @@ impl VarlenPlan {
                 k.dims()
             )
         }
-        let rows = heads_to_seq_major(k)?.contiguous()?.reshape((b * s, h, d))?;
+        let rows = heads_to_seq_major(k)?
+            .contiguous()?
+            .reshape((b * s, h, d))?;
         if self.kept_keys.len() == b * s {
             return Ok(rows); // nothing padded: no gather
         }
@@ -399,7 +399,9 @@ mod tests {
     }
 
     fn right_padding(lens: &[usize], s: usize) -> Vec<bool> {
-        lens.iter().flat_map(|&n| (0..s).map(move |j| j >= n)).collect()
+        lens.iter()
+            .flat_map(|&n| (0..s).map(move |j| j >= n))
+            .collect()
     }
 
     fn left_padding(lens: &[usize], s: usize) -> Vec<bool> {
@@ -462,7 +464,13 @@ mod tests {
         let packed = plan.pack_keys(&k).unwrap();
         assert_eq!(packed.dims(), &[5, 2, 8]);
         // Packed row 1 is batch 0, key 2, both heads.
-        let want = k.get(0).unwrap().narrow(1, 2, 1).unwrap().squeeze(1).unwrap();
+        let want = k
+            .get(0)
+            .unwrap()
+            .narrow(1, 2, 1)
+            .unwrap()
+            .squeeze(1)
+            .unwrap();
         assert_eq!(max_diff(&packed.get(1).unwrap(), &want), 0.0);
     }
 
@@ -476,7 +484,11 @@ mod tests {
             [true, false, true, false, true, false, true],
         ]
         .concat();
-        for padding in [right_padding(&[7, 3, 1, 5], s), left_padding(&[2, 7, 4, 6], s), scattered] {
+        for padding in [
+            right_padding(&[7, 3, 1, 5], s),
+            left_padding(&[2, 7, 4, 6], s),
+            scattered,
+        ] {
             // Self-attention and cross-attention shapes, GQA (4 query heads on 2 kv heads).
             assert!(packed_matches_sdpa(&padding, (b, 4, 2, 5, s, 8), None));
             assert!(packed_matches_sdpa(&padding, (b, 2, 2, 1, s, 16), None));
@@ -526,7 +538,9 @@ mod tests {
     #[test]
     fn mismatched_inputs_are_errors_not_panics() {
         assert!(VarlenPlan::new(&[false; 5], 2, 3, 3, None).is_err());
-        let plan = VarlenPlan::new(&[false; 6], 2, 3, 3, None).unwrap().unwrap();
+        let plan = VarlenPlan::new(&[false; 6], 2, 3, 3, None)
+            .unwrap()
+            .unwrap();
         let [q, k, _] = qkv(2, 2, 2, 4, 3, 8);
         let err = plan.pack_queries(&q).unwrap_err().to_string();
         assert!(err.contains("batch 2 × 3 queries"), "{err}");
