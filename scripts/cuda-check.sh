@@ -109,6 +109,14 @@ if [ -n "$outdir" ] && [ -n "$src" ]; then b=${src##*/}; : >"$outdir/${b%.cu}.pt
 [ -n "$out" ] && : >"$out"
 EOF
   chmod +x "$cache/stub/bin/nvcc"
+  # candle-flash-attn's build still asks cudaforge for CUTLASS (it would git-clone it): an
+  # empty stand-in at the pinned commit, since the stub compiles nothing.
+  if [ "$(git -C "$cutlass_dir" rev-parse HEAD 2>/dev/null)" != "$cutlass_commit" ]; then
+    mkdir -p "$cutlass_dir/include"
+    rm -rf "$cutlass_dir/.git"
+    git -C "$cutlass_dir" init -q
+    echo "$cutlass_commit" >"$cutlass_dir/.git/HEAD"
+  fi
 }
 
 case $mode in

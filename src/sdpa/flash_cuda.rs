@@ -74,7 +74,8 @@ pub fn try_attention(
     shape: AttentionShape,
     scale: f64,
 ) -> candle::Result<Option<Tensor>> {
-    if unsupported_reason(q, k, v).is_some() {
+    // CPU (and Metal) tensors leave at once: this runs before every kernel choice.
+    if !q.device().is_cuda() || unsupported_reason(q, k, v).is_some() {
         return Ok(None);
     }
     let (q_len, k_len) = (shape.q_len, shape.k_len);
