@@ -4,13 +4,20 @@
 # toolchain, no crates and no network:
 #
 #   scripts/gpu-bundle.sh            # -> .gpu-bundle/bundle.tar.xz (+ the scripts it needs)
+#   GPU_BUNDLE_FEATURES=cuda scripts/gpu-bundle.sh   # without flash-attn (see the cost below)
 #
 # then ONE device call (the lead's), e.g.
 #   run(command="bash .gpu-bundle/gpu-run.sh", carry=[".gpu-bundle"], timeout_s=560)
 #
-# What it builds: `cargo test --release --no-run --features cuda,flash-attn` (every test
-# binary of the workspace) and `attn`, compiled for CUDA_COMPUTE_CAP (default 90: H100/H200,
-# sm_90a), with the CUDA 13.0 toolkit of scripts/cuda-check.sh. The device tool carries at
+# What it builds: `cargo test --no-run --features cuda,flash-attn` (every test binary of the
+# workspace) and `attn`, compiled for CUDA_COMPUTE_CAP (default 90: H100/H200, sm_90a), with
+# the CUDA 13.0 toolkit of scripts/cuda-check.sh. The dev profile (dependencies at opt-level
+# 3, this crate at 1: GPU work is in the kernels) shares candle-kernels' nvcc build with
+# scripts/cuda-check.sh in the same target dir; a release build would compile it again.
+# Cost: candle-kernels' PTX + libmoe.a and, with flash-attn, 53 FlashAttention kernel files
+# compiled one at a time on a 2-core machine (cudaforge uses half the cores): several CPU
+# minutes per file, hours in all (docs/cuda.md has the figures). CANDLE_FLASH_ATTN_BUILD_DIR
+# keeps libflashattention.a in $CUDA_CHECK_CACHE/flash-attn-build across target dirs. The device tool carries at
 # most 64 MiB: the binaries go stripped into one xz archive (they share most of their bytes:
 # candle's PTX and the FlashAttention kernels), and the script fails loudly if it is too big.
 #
@@ -30,6 +37,9 @@ export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
 scripts/cuda-check.sh setup
 toolkit=$cache/toolkit/nvidia/cu13
 export CUDA_HOME=$toolkit PATH=$toolkit/bin:$PATH CUDAFORGE_HOME=$cache/cudaforge
+features=${GPU_BUNDLE_FEATURES:-cuda,flash-attn}
+mkdir -p "$cache/flash-attn-build"
+export CANDLE_FLASH_ATTN_BUILD_DIR=$cache/flash-attn-build
 target=${CARGO_TARGET_DIR:-$root/target}
 stubs=$cache/link-stubs
 mkdir -p "$stubs"
@@ -40,7 +50,7 @@ libs=(
   "cublas libcublas.so.13 ^cublas"
   "curand libcurand.so.10 ^curand"
   "nvrtc libnvrtc.so.13 ^nvrtc"
-  "cuda libcuda.so.1 ^cu"
+  "cuda libcuda.so.1 ^cu[A-Z]"
 )
 make_stubs() { # make_stubs SYMBOL_FILE: one stub .so per library, defining its symbols
   for spec in "${libs[@]}"; do
@@ -56,7 +66,7 @@ make_stubs() { # make_stubs SYMBOL_FILE: one stub .so per library, defining its 
         break
       fi
     done
-  done <"$1"
+  done < <(grep -E '^(cublasLt|cublas|curand|nvrtc|cu[A-Z])' "$1")
   for spec in "${libs[@]}"; do
     read -r name soname _ <<<"$spec"
     cc -shared -fPIC -o "$stubs/lib$name.so" -Wl,-soname,"$soname" "$stubs/$name.c"
@@ -67,16 +77,20 @@ make_stubs "$stubs/symbols.txt"
 
 build() {
   RUSTFLAGS="${RUSTFLAGS:-} -L native=$stubs -L native=$toolkit/lib" nice -n 19 \
-    cargo test --release --workspace --features cuda,flash-attn --no-run --keep-going \
+    cargo test --workspace --features "$features" --no-run --keep-going \
     --message-format=json-render-diagnostics >"$stubs/build.json" 2>"$stubs/build.log"
 }
 t0=$SECONDS
-for attempt in 1 2 3; do
+for attempt in 1 2 3 4 5 6; do
   if build; then break; fi
-  # Undefined references name the symbols the stubs must define; any other error is real.
-  grep -o "undefined reference to \`[A-Za-z0-9_]*'" "$stubs/build.log" |
-    sed -e "s/.*\`//" -e "s/'$//" | sort -u >"$stubs/new.txt" || true
-  if [ ! -s "$stubs/new.txt" ] || [ "$attempt" = 3 ]; then
+  # The symbols the stubs must define: what the compiled crates leave undefined (nm), and
+  # what the linker reported (GNU ld: "undefined reference to `x'", lld: "undefined symbol:
+  # x"; lld stops at 20 errors, hence the rounds). Any other error is a real one.
+  { nm -u --format=just-symbols "$target"/debug/deps/*.rlib 2>/dev/null || true
+    grep -oE "undefined (reference to \`|symbol: )[A-Za-z0-9_]+" "$stubs/build.log" |
+      sed -E "s/.*(\`|: )//" || true; } | grep -E '^(cublasLt|cublas|curand|nvrtc|cu[A-Z])' |
+    sort -u | comm -23 - "$stubs/symbols.txt" >"$stubs/new.txt" || true
+  if [ ! -s "$stubs/new.txt" ] || [ "$attempt" = 6 ]; then
     tail -40 "$stubs/build.log" >&2
     echo "error: the CUDA build failed (log: $stubs/build.log)" >&2
     exit 1
@@ -86,8 +100,8 @@ for attempt in 1 2 3; do
   make_stubs "$stubs/symbols.txt"
 done
 RUSTFLAGS="${RUSTFLAGS:-} -L native=$stubs -L native=$toolkit/lib" nice -n 19 \
-  cargo build --release -p attn-cli --features flash-attn 2>>"$stubs/build.log"
-echo "== build (cuda, flash-attn, release, tests + attn): $((SECONDS - t0)) s"
+  cargo build -p attn-cli --features "$features" 2>>"$stubs/build.log"
+echo "== build ($features: tests + attn): $((SECONDS - t0)) s"
 
 # The test executables cargo reported, plus attn. Test binaries find fixtures through the
 # CARGO_MANIFEST_DIR and CARGO_BIN_EXE_attn baked in at compile time: gpu-run.sh recreates
@@ -109,10 +123,10 @@ for line in open(sys.argv[1]):
             seen.add(exe)
             shutil.copy(exe, os.path.join(sys.argv[2], name))
 EOF
-cp "$target/release/attn" "$bundle/stage/bin/attn"
+cp "$target/debug/attn" "$bundle/stage/bin/attn"
 strip "$bundle"/stage/bin/*
-printf 'manifest_dir=%s\nattn_exe=%s\ncompute_cap=%s\n' "$root" "$target/release/attn" \
-  "$CUDA_COMPUTE_CAP" >"$bundle/stage/paths"
+printf 'manifest_dir=%s\nattn_exe=%s\ncompute_cap=%s\nfeatures=%s\n' "$root" \
+  "$target/debug/attn" "$CUDA_COMPUTE_CAP" "$features" >"$bundle/stage/paths"
 cp scripts/gpu-run.sh "$bundle/gpu-run.sh"
 (cd "$bundle/stage" && tar -cf - . | xz -T2 -9e --lzma2=dict=192MiB >"$bundle/bundle.tar.xz")
 ls -la "$bundle"/stage/bin

@@ -38,7 +38,7 @@ fi
 work=/tmp/gpu-bundle
 rm -rf "$work" && mkdir -p "$work" && xz -dc "$bundle/bundle.tar.xz" | tar -xf - -C "$work" || exit 1
 # shellcheck disable=SC1091
-. "$work/paths" # manifest_dir, attn_exe, compute_cap: the paths baked into the test binaries
+. "$work/paths" # manifest_dir, attn_exe (baked into the test binaries), compute_cap, features
 if [ "$manifest_dir" != "$repo" ]; then
   mkdir -p "$(dirname "$manifest_dir")" && ln -sfn "$repo" "$manifest_dir"
 fi
@@ -59,7 +59,7 @@ export LD_LIBRARY_PATH=${libdirs#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 {
   nvidia-smi
   nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv
-  echo "bundle built for compute capability $compute_cap"
+  echo "bundle built for compute capability $compute_cap with features $features"
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
   ldd "$attn" | grep -E "cuda|cublas|curand|nvrtc|not found"
 } >"$OUT/gpu.txt" 2>&1
@@ -113,6 +113,7 @@ for n in 1024 2048 4096 8192 16384; do
   for dtype in bf16 f32; do
     for imp in flash-attn generic naive; do
       [ "$imp" = flash-attn ] && [ "$dtype" = f32 ] && continue # flash-attn: f16/bf16 only
+      [ "$imp" = flash-attn ] && [[ $features != *flash-attn* ]] && continue
       dev=()
       if [ "$imp" != flash-attn ]; then
         [ "$has_device" = 1 ] || continue
@@ -135,6 +136,7 @@ for n in 1024 2048 4096 8192 16384; do
 done
 # Causal and key padding through flash-attn (the packed varlen path), one size.
 for extra in "--causal" "--key-lengths 4096,3000,2048,1"; do
+  [[ $features == *flash-attn* ]] || break
   rest=$(left "$budget" "$t0")
   [ "$rest" -le 5 ] && break
   # shellcheck disable=SC2086
