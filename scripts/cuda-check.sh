@@ -61,7 +61,7 @@ setup_real() {
       exit 1
     }
     timed "install CUDA 13.0 compiler and headers (PyPI)" nice -n 19 "$python" -m pip install \
-      --quiet --no-deps --disable-pip-version-check --target "$cache/toolkit" --upgrade \
+      --quiet --no-deps --disable-pip-version-check --root-user-action=ignore --target "$cache/toolkit" --upgrade \
       nvidia-cuda-nvcc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88 \
       nvidia-nvvm==13.0.88 nvidia-cuda-cccl==13.0.85
   fi
@@ -72,7 +72,7 @@ setup_real() {
     local tmp=$cache/cutlass-wheel
     rm -rf "$tmp" "$cutlass_dir"
     timed "install CUTLASS 3.5.0 headers (PyPI)" nice -n 19 "$python" -m pip install \
-      --quiet --no-deps --disable-pip-version-check --target "$tmp" nvidia-cutlass==3.5.0.0
+      --quiet --no-deps --disable-pip-version-check --root-user-action=ignore --target "$tmp" nvidia-cutlass==3.5.0.0
     mkdir -p "$cutlass_dir/tools/util"
     cp -r "$tmp/cutlass_library/source/include" "$cutlass_dir/"
     cp -r "$tmp/cutlass_library/source/tools/util/include" "$cutlass_dir/tools/util/"
