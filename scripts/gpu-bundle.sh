@@ -76,8 +76,10 @@ touch "$stubs/symbols.txt"
 make_stubs "$stubs/symbols.txt"
 
 build() {
-  RUSTFLAGS="${RUSTFLAGS:-} -L native=$stubs -L native=$toolkit/lib" nice -n 19 \
-    cargo test --workspace --features "$features" --no-run --keep-going \
+  # LIBRARY_PATH, not RUSTFLAGS: the linker driver (cc) searches it for -lcuda & co., and it
+  # is not part of cargo's fingerprints (RUSTFLAGS would rebuild everything, nvcc included).
+  LIBRARY_PATH=$stubs:$toolkit/lib${LIBRARY_PATH:+:$LIBRARY_PATH} nice -n 19 \
+    cargo test --workspace --features "$features" --no-run --no-fail-fast \
     --message-format=json-render-diagnostics >"$stubs/build.json" 2>"$stubs/build.log"
 }
 t0=$SECONDS
@@ -99,7 +101,7 @@ for attempt in 1 2 3 4 5 6; do
   echo "linking against stubs for $(wc -l <"$stubs/symbols.txt") CUDA library symbols"
   make_stubs "$stubs/symbols.txt"
 done
-RUSTFLAGS="${RUSTFLAGS:-} -L native=$stubs -L native=$toolkit/lib" nice -n 19 \
+LIBRARY_PATH=$stubs:$toolkit/lib${LIBRARY_PATH:+:$LIBRARY_PATH} nice -n 19 \
   cargo build -p attn-cli --features "$features" 2>>"$stubs/build.log"
 echo "== build ($features: tests + attn): $((SECONDS - t0)) s"
 
