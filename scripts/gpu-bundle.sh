@@ -5,6 +5,7 @@
 #
 #   scripts/gpu-bundle.sh            # -> .gpu-bundle/bundle.tar.xz (+ the scripts it needs)
 #   GPU_BUNDLE_FEATURES=cuda scripts/gpu-bundle.sh   # without flash-attn (see the cost below)
+#   GPU_BUNDLE_TESTS='lib-candle_attention|gqa|mha_api' scripts/gpu-bundle.sh  # some test binaries
 #
 # then ONE device call (the lead's), e.g.
 #   run(command="bash .gpu-bundle/gpu-run.sh", carry=[".gpu-bundle"], timeout_s=560)
@@ -80,7 +81,9 @@ build() {
   # is not part of cargo's fingerprints (RUSTFLAGS would rebuild everything, nvcc included).
   LIBRARY_PATH=$stubs:$toolkit/lib${LIBRARY_PATH:+:$LIBRARY_PATH} nice -n 19 \
     cargo test --workspace --features "$features" --no-run --no-fail-fast \
-    --message-format=json-render-diagnostics >"$stubs/build.json" 2>"$stubs/build.log"
+    --message-format=json-render-diagnostics >"$stubs/build.json" 2>"$stubs/build.log" && return 0
+  cp "$stubs/build.log" "$stubs/build-failed-$(date +%s).log"
+  return 1
 }
 t0=$SECONDS
 for attempt in 1 2 3 4 5 6; do
@@ -113,7 +116,9 @@ exclude=$(git rev-parse --git-path info/exclude)
 grep -qx '/.gpu-bundle/' "$exclude" 2>/dev/null || echo '/.gpu-bundle/' >>"$exclude"
 rm -rf "$bundle" && mkdir -p "$bundle/stage/bin"
 python3 - "$stubs/build.json" "$bundle/stage/bin" <<'EOF'
-import json, shutil, sys, os
+import json, shutil, sys, os, re
+# GPU_BUNDLE_TESTS: a regular expression on the names below (default: every test binary).
+keep = re.compile(os.environ.get("GPU_BUNDLE_TESTS", ""))
 seen = set()
 for line in open(sys.argv[1]):
     m = json.loads(line)
@@ -121,7 +126,7 @@ for line in open(sys.argv[1]):
         exe = m["executable"]
         pkg = "attn-cli" if m["manifest_path"].endswith("attn-cli/Cargo.toml") else "candle-attention"
         name = f'test-{pkg}-{m["target"]["kind"][0]}-{m["target"]["name"]}'
-        if exe not in seen:
+        if exe not in seen and keep.search(name):
             seen.add(exe)
             shutil.copy(exe, os.path.join(sys.argv[2], name))
 EOF
