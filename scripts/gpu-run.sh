@@ -55,7 +55,8 @@ for lib in libcuda.so.1 libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcur
     -name "$lib" 2>/dev/null | head -1)
   [ -n "$p" ] && libdirs=$libdirs:$(dirname "$p")
 done
-export LD_LIBRARY_PATH=${libdirs#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+libdirs=${libdirs#:}
+export LD_LIBRARY_PATH=$libdirs${LD_LIBRARY_PATH:+${libdirs:+:}$LD_LIBRARY_PATH}
 {
   nvidia-smi
   nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv
