@@ -205,6 +205,15 @@ impl Mask {
         }
     }
 
+    /// True when the mask has a boolean or additive attention mask term (anything beyond
+    /// causal and key padding). The flash-attn path checks it before copying any mask data.
+    #[cfg_attr(not(feature = "flash-attn"), allow(dead_code))]
+    pub(crate) fn has_attention_mask_terms(&self) -> bool {
+        self.terms
+            .iter()
+            .any(|t| matches!(t, MaskTerm::Blocked(_) | MaskTerm::Additive(_)))
+    }
+
     /// True when any part of the mask is causal (with whatever offset).
     pub fn has_causal(&self) -> bool {
         self.terms

@@ -33,6 +33,10 @@ pub enum ImplArg {
     CandleFlash,
     /// `scaled_dot_product_attention` without weights: what the library picks.
     Auto,
+    /// FlashAttention-2 on CUDA (candle-flash-attn; feature `flash-attn`; f16/bf16): on the
+    /// first GPU when the inputs are on the CPU; timed with a device synchronisation.
+    #[cfg(feature = "flash-attn")]
+    FlashAttn,
 }
 
 impl ImplArg {
@@ -44,6 +48,8 @@ impl ImplArg {
             ImplArg::Generic => "generic",
             ImplArg::CandleFlash => "candle-flash",
             ImplArg::Auto => "auto",
+            #[cfg(feature = "flash-attn")]
+            ImplArg::FlashAttn => "flash-attn",
         }
     }
 }
@@ -303,6 +309,8 @@ pub fn attention(a: &AttentionBenchArgs) -> Result<()> {
                 let (q, k, v) = (q.clone(), k.clone(), v.clone());
                 Box::new(move || Ok(scaled_dot_product_attention(&q, &k, &v, &args)?.output))
             }
+            #[cfg(feature = "flash-attn")]
+            ImplArg::FlashAttn => flash_attn_runner(&q, &k, &v, &mask, scale)?,
         };
         let (median, min) = time(&dev, a.warmup, a.iters, || run().map(drop))?;
         let gflops = flops / (median * 1e6);
@@ -332,6 +340,35 @@ pub fn attention(a: &AttentionBenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `--impl flash-attn`: candle-flash-attn on CUDA through the library's flash path (packing
+/// key padding on the way), moving CPU inputs to the first GPU. Each timed call waits for the
+/// GPU, since CUDA kernels are launched asynchronously.
+#[cfg(feature = "flash-attn")]
+fn flash_attn_runner(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Mask,
+    scale: f64,
+) -> Result<Box<dyn Fn() -> Result<Tensor>>> {
+    use anyhow::Context;
+    use candle_attention::sdpa::flash_cuda;
+    let dev = if q.device().is_cuda() {
+        q.device().clone()
+    } else {
+        Device::new_cuda(0).context("--impl flash-attn needs a CUDA device")?
+    };
+    let (q, k, v) = (q.to_device(&dev)?, k.to_device(&dev)?, v.to_device(&dev)?);
+    let mask = mask.clone();
+    // Unsupported dtypes and masks fail here, with the reason, not in the timing loop.
+    flash_cuda::attention(&q, &k, &v, &mask, scale).context("--impl flash-attn")?;
+    Ok(Box::new(move || {
+        let out = flash_cuda::attention(&q, &k, &v, &mask, scale)?;
+        dev.synchronize()?;
+        Ok(out)
+    }))
 }
 
 pub fn mha(a: &MhaBenchArgs) -> Result<()> {

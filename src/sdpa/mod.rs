@@ -10,6 +10,10 @@
 //!   blocks), for every device: memory linear in the sequence length, no host round trip.
 //! * [`naive`]: materialises the `(B, H, L, S)` score matrix, returns the attention weights
 //!   and supports autograd on every candle device.
+//! * `flash_cuda` (feature `flash-attn`): FlashAttention-2 from `candle-flash-attn` for CUDA
+//!   `f16`/`bf16` tensors without weights, dropout or autograd, when the mask is none, causal
+//!   aligned bottom-right (`offset = S − L`) or key padding it can pack ([`varlen`]); it runs
+//!   first and declines everything else.
 //!
 //! The choice is automatic when the weights are not requested, dropout is 0 and no input (mask
 //! included) tracks gradients: CPU tensors of dtype `f32`, `f16` or `bf16` take the tiled
@@ -38,8 +42,11 @@
 pub(crate) mod avx512;
 pub mod blocked;
 pub mod decode;
+#[cfg(feature = "flash-attn")]
+pub mod flash_cuda;
 pub mod naive;
 pub mod tiled;
+pub mod varlen;
 
 #[cfg(test)]
 mod kernel_tests;
@@ -128,6 +135,19 @@ pub fn scaled_dot_product_attention(
         None => 1.0 / (head_dim as f64).sqrt(),
     };
     args.mask.validate(shape)?;
+    // ---- flash-attn hook (feature `flash-attn`; src/sdpa/flash_cuda.rs) ----
+    // CUDA f16/bf16 through candle-flash-attn. It returns None for whatever it cannot compute
+    // exactly (other devices and dtypes, head sizes, masks), and the dispatch below goes on.
+    #[cfg(feature = "flash-attn")]
+    if !args.need_weights && args.dropout == 0.0 && ![q, k, v].iter().any(|t| t.track_op()) {
+        if let Some(output) = flash_cuda::try_attention(q, k, v, &args.mask, shape, scale)? {
+            return Ok(AttentionOutput {
+                output,
+                weights: None,
+            });
+        }
+    }
+    // ---- end of the flash-attn hook ----
     let fast = uses_memory_efficient_kernel(q.device(), q.dtype(), args.need_weights)
         && args.dropout == 0.0
         && ![q, k, v].iter().any(|t| t.track_op());
