@@ -114,10 +114,15 @@ impl KvCache {
             } else {
                 cap
             };
+            // A fresh contiguous buffer with the valid prefix copied in (concatenating a prefix
+            // shorter than the capacity would give a strided view, which `slice_set` and the
+            // row gathers refuse).
             let grow = |buf: &Tensor, x: &Tensor| -> candle::Result<Tensor> {
-                let extra =
-                    Tensor::zeros((b, h, new_cap - self.len, x.dim(3)?), x.dtype(), x.device())?;
-                Tensor::cat(&[&buf.narrow(2, 0, self.len)?, &extra], 2)
+                let fresh = Tensor::zeros((b, h, new_cap, x.dim(3)?), x.dtype(), x.device())?;
+                if self.len > 0 {
+                    fresh.slice_set(&buf.narrow(2, 0, self.len)?.contiguous()?, 2, 0)?;
+                }
+                Ok(fresh)
             };
             (grow(kb, k)?, grow(vb, v)?)
         } else {
@@ -138,8 +143,10 @@ impl KvCache {
             // reorders every step, and the next append must then still fit in place (selecting
             // only the valid prefix made every append regrow the buffers, three copies of the
             // cache per step instead of one). The spare positions are never read.
-            let k = kv.0.index_select(rows, 0)?;
-            let v = kv.1.index_select(rows, 0)?;
+            // (`contiguous` is free for the buffers `append` makes; it guards the autograd
+            // path, whose concatenation may return a strided view.)
+            let k = kv.0.contiguous()?.index_select(rows, 0)?;
+            let v = kv.1.contiguous()?.index_select(rows, 0)?;
             self.buffers = Some(Arc::new((k, v)));
         }
         Ok(())
@@ -376,6 +383,52 @@ impl MultiHeadAttention {
 mod tests {
     use super::*;
     use candle::{DType, Device};
+
+    /// A cache with spare capacity (3 of 4 positions used), forked and appended to (the fork
+    /// copies a prefix shorter than its buffer), reordered and appended again: every step
+    /// keeps exactly the values written, in the right rows.
+    #[test]
+    fn forks_and_reorders_with_spare_capacity_keep_the_values() {
+        let dev = Device::Cpu;
+        let step = |rows: &[f32]| {
+            let data: Vec<f32> = rows.iter().flat_map(|&r| [r; 2 * 2]).collect();
+            Tensor::from_vec(data, (rows.len(), 2, 1, 2), &dev).unwrap()
+        };
+        let mut cache = KvCache::new();
+        for t in 0..3 {
+            let k = step(&[10.0 + t as f32, 20.0 + t as f32]);
+            cache.append(&k, &k).unwrap();
+        }
+        let mut fork = cache.clone();
+        fork.append(&step(&[13.0, 23.0]), &step(&[13.0, 23.0]))
+            .unwrap();
+        fork.select_rows(&Tensor::new(&[1u32, 0, 1], &dev).unwrap())
+            .unwrap();
+        let (ks, _) = fork
+            .append(&step(&[24.0, 14.0, 24.0]), &step(&[24.0, 14.0, 24.0]))
+            .unwrap();
+        let firsts: Vec<Vec<f32>> = (0..3)
+            .map(|row| {
+                ks.get(row)
+                    .unwrap()
+                    .get(0)
+                    .unwrap()
+                    .narrow(1, 0, 1)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(firsts[0], vec![20.0, 21.0, 22.0, 23.0, 24.0]);
+        assert_eq!(firsts[1], vec![10.0, 11.0, 12.0, 13.0, 14.0]);
+        assert_eq!(firsts[2], firsts[0]);
+        // The original saw none of it.
+        assert_eq!(cache.len(), 3);
+        let (orig, _) = cache.keys_values().unwrap().unwrap();
+        assert_eq!(orig.dims(), &[2, 2, 3, 2]);
+    }
 
     #[test]
     fn appends_grow_and_keep_everything() {
