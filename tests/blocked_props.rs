@@ -16,112 +16,11 @@ use candle_attention::{AttentionShape, Mask};
 use common::{test_device, tolerance};
 use proptest::prelude::*;
 
-/// Deterministic pseudo-random numbers (splitmix64): a failing case reproduces from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn uniform(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
-    }
-    fn normal(&mut self) -> f32 {
-        let s: f32 = (0..4).map(|_| self.uniform()).sum();
-        (s - 2.0) * 1.732
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-    fn tensor(&mut self, dims: &[usize], std: f32) -> Tensor {
-        let n: usize = dims.iter().product();
-        let data: Vec<f32> = (0..n).map(|_| self.normal() * std).collect();
-        Tensor::from_vec(data, dims, &Device::Cpu).unwrap()
-    }
-    fn bools(&mut self, dims: &[usize], p_blocked: f32) -> Tensor {
-        let n: usize = dims.iter().product();
-        let data: Vec<u8> = (0..n)
-            .map(|_| u8::from(self.uniform() < p_blocked))
-            .collect();
-        Tensor::from_vec(data, dims, &Device::Cpu).unwrap()
-    }
-}
-
-/// Mask kinds exercised; up to three combine into one mask.
-#[derive(Clone, Copy, Debug)]
-enum MaskKind {
-    Causal(usize),
-    Bool2d,
-    /// Boolean `(L, S)` with some rows entirely blocked.
-    BoolDeadRows,
-    Bool3d,
-    Additive4d,
-    /// Additive with `-inf` entries, `(1, H, 1, S)`.
-    AdditiveBroadcast,
-    KeyPadding,
-    /// Key padding that blocks a whole batch row.
-    KeyPaddingAll,
-    KeyPaddingFloat,
-}
-
-fn mask_kind() -> impl Strategy<Value = MaskKind> {
-    prop_oneof![
-        (0usize..5).prop_map(MaskKind::Causal),
-        Just(MaskKind::Bool2d),
-        Just(MaskKind::BoolDeadRows),
-        Just(MaskKind::Bool3d),
-        Just(MaskKind::Additive4d),
-        Just(MaskKind::AdditiveBroadcast),
-        Just(MaskKind::KeyPadding),
-        Just(MaskKind::KeyPaddingAll),
-        Just(MaskKind::KeyPaddingFloat),
-    ]
-}
-
-fn build_mask(kinds: &[MaskKind], s: AttentionShape, rng: &mut Rng) -> Mask {
-    let (b, h, l, k) = (s.batch, s.heads, s.q_len, s.k_len);
-    let mut mask = Mask::none();
-    for kind in kinds {
-        let m = match *kind {
-            MaskKind::Causal(off) => Mask::causal_with_offset(off),
-            MaskKind::Bool2d => Mask::boolean(rng.bools(&[l, k], 0.3)).unwrap(),
-            MaskKind::BoolDeadRows => {
-                let t = rng.bools(&[l, k], 0.2);
-                let dead = rng.bools(&[l, 1], 0.4).broadcast_as((l, k)).unwrap();
-                Mask::boolean(t.maximum(&dead).unwrap()).unwrap()
-            }
-            MaskKind::Bool3d => Mask::boolean(rng.bools(&[b * h, l, k], 0.3)).unwrap(),
-            MaskKind::Additive4d => Mask::additive(rng.tensor(&[b, h, l, k], 1.0)).unwrap(),
-            MaskKind::AdditiveBroadcast => {
-                let vals = rng.tensor(&[1, h, 1, k], 2.0);
-                let blocked = rng.bools(&[1, h, 1, k], 0.3);
-                let inf = Tensor::full(f32::NEG_INFINITY, (1, h, 1, k), &Device::Cpu).unwrap();
-                Mask::additive(blocked.where_cond(&inf, &vals).unwrap()).unwrap()
-            }
-            MaskKind::KeyPadding => {
-                let mut data = vec![0u8; b * k];
-                for row in data.chunks_mut(k) {
-                    let valid = 1 + rng.below(k);
-                    row[valid..].fill(1);
-                }
-                Mask::key_padding(Tensor::from_vec(data, (b, k), &Device::Cpu).unwrap()).unwrap()
-            }
-            MaskKind::KeyPaddingAll => {
-                let mut data = vec![0u8; b * k];
-                let dead = rng.below(b);
-                data[dead * k..(dead + 1) * k].fill(1);
-                Mask::key_padding(Tensor::from_vec(data, (b, k), &Device::Cpu).unwrap()).unwrap()
-            }
-            MaskKind::KeyPaddingFloat => Mask::key_padding(rng.tensor(&[b, k], 1.0)).unwrap(),
-        };
-        mask = mask.and(m);
-    }
-    mask
-}
+// Shared with the other kernel's property test (proptest is a dev-dependency of this package
+// only, so it is not part of `common`, which attn-cli's tests include too).
+#[path = "common/random_masks.rs"]
+mod random_masks;
+use random_masks::{build_mask, mask_kind, MaskKind, Rng};
 
 #[derive(Debug, Clone)]
 struct Case {
