@@ -189,6 +189,7 @@ mod tests {
     //! The GPU half runs only where there is one: `#[ignore]`d, and run by scripts/gpu-run.sh
     //! (`--ignored sdpa::flash_cuda`). The packing itself is tested on the CPU in `varlen`.
     use super::*;
+    use crate::sdpa::varlen::tests::max_diff;
     use crate::{scaled_dot_product_attention, SdpaArgs};
 
     fn randn(shape: (usize, usize, usize, usize), device: &Device) -> Tensor {
@@ -281,31 +282,15 @@ mod tests {
                         .unwrap()
                         .to_device(&Device::Cpu)
                         .unwrap();
-                    let diff = (&got_cpu - &want)
-                        .unwrap()
-                        .abs()
-                        .unwrap()
-                        .flatten_all()
-                        .unwrap()
-                        .max(0)
-                        .unwrap()
-                        .to_scalar::<f32>()
-                        .unwrap();
+                    let diff = max_diff(&got_cpu, &want);
                     assert!(
                         diff < 2e-2,
                         "{name} {dtype:?} L={l} S={s} D={d}: max |flash - f32| = {diff}"
                     );
-                    let same = (via_sdpa.to_dtype(DType::F32).unwrap()
-                        - got.to_dtype(DType::F32).unwrap())
-                    .unwrap()
-                    .abs()
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .max(0)
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap();
+                    let same = max_diff(
+                        &via_sdpa.to_dtype(DType::F32).unwrap(),
+                        &got.to_dtype(DType::F32).unwrap(),
+                    );
                     assert_eq!(
                         same, 0.0,
                         "{name}: scaled_dot_product_attention did not take flash-attn"

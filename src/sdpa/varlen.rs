@@ -267,7 +267,7 @@ impl VarlenPlan {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::{scaled_dot_product_attention, Mask, SdpaArgs};
 
@@ -345,7 +345,9 @@ mod tests {
         Tensor::from_vec(bytes, (b, s), &Device::Cpu).unwrap()
     }
 
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    /// The largest absolute difference of two `f32` tensors of one shape (also used by the GPU
+    /// tests of `flash_cuda`).
+    pub(crate) fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
         (a - b)
             .unwrap()
             .abs()
