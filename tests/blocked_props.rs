@@ -13,7 +13,7 @@ use candle::{DType, Device, Tensor};
 use candle_attention::sdpa::blocked::{self, BlockedConfig};
 use candle_attention::sdpa::{naive, scaled_dot_product_attention, SdpaArgs};
 use candle_attention::{AttentionShape, Mask};
-use common::{test_device, tolerance};
+use common::{max_abs_diff, test_device, tolerance};
 use proptest::prelude::*;
 
 // Shared with the other kernel's property test (proptest is a dev-dependency of this package
@@ -119,25 +119,6 @@ fn blocked_on(dev: &Device, q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, c: 
         .unwrap()
         .to_device(&Device::Cpu)
         .unwrap()
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    let flat = |t: &Tensor| -> Vec<f32> {
-        t.to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap()
-    };
-    flat(a).iter().zip(&flat(b)).fold(0f32, |m, (x, y)| {
-        assert!(
-            x.is_finite() && y.is_finite(),
-            "non-finite output: {x} vs {y}"
-        );
-        m.max((x - y).abs())
-    })
 }
 
 proptest! {

@@ -1,5 +1,8 @@
 //! The typed cache API, mask polarity constructors and `ModuleT`, through the public API only.
 
+mod common;
+use common::max_abs_diff;
+
 use candle::{DType, Device, ModuleT, Tensor};
 use candle_attention::transformer::{
     DecoderCache, DecoderMasks, EncoderMasks, TransformerConfig, TransformerDecoder,
@@ -11,23 +14,6 @@ use candle_attention::{
 };
 use candle_nn::{VarBuilder, VarMap};
 use proptest::prelude::*;
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    let a: Vec<f32> = a.flatten_all().unwrap().to_vec1().unwrap();
-    let b: Vec<f32> = b.flatten_all().unwrap().to_vec1().unwrap();
-    // A NaN anywhere makes the result NaN, which fails every `<=` check.
-    a.iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, |m, d| {
-            if d.is_nan() || m.is_nan() {
-                f32::NAN
-            } else {
-                m.max(d)
-            }
-        })
-}
 
 fn mha(embed: usize, heads: usize, seed_vars: &VarMap) -> MultiHeadAttention {
     let vb = VarBuilder::from_varmap(seed_vars, DType::F32, &Device::Cpu);

@@ -3,6 +3,9 @@
 //! of the shipped translator and of a MarianMT directory, the block's output in the model's own
 //! forward pass, whose logits are those of the plain forward pass.
 
+mod common;
+use common::max_abs_diff;
+
 use candle::{DType, Device, Tensor};
 use candle_attention::explain::{explain_attention, AttentionUse, Explanation, RowStats};
 use candle_attention::marian::MarianTranslator;
@@ -12,20 +15,6 @@ use candle_nn::{VarBuilder, VarMap};
 use std::path::{Path, PathBuf};
 
 const TOL: f32 = 1e-5;
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-}
 
 fn shipped() -> Translator {
     Translator::load(
@@ -69,17 +58,20 @@ fn check_against_attend(
             },
         )
         .unwrap();
-    let d_out = max_diff(&steps.output, &out.output.squeeze(0).unwrap());
-    let d_w = max_diff(&steps.weights, &out.weights.unwrap().squeeze(0).unwrap());
+    let d_out = max_abs_diff(&steps.output, &out.output.squeeze(0).unwrap());
+    let d_w = max_abs_diff(&steps.weights, &out.weights.unwrap().squeeze(0).unwrap());
     assert!(d_out < TOL, "{what}: output differs by {d_out}");
     assert!(d_w < TOL, "{what}: weights differ by {d_w}");
     // The intermediate steps are what they claim to be.
     let (h, l, s) = steps.scores.dims3().unwrap();
     assert_eq!(h, mha.config().num_heads);
     let by_hand = steps.q.matmul(&steps.k.t().unwrap()).unwrap();
-    assert!(max_diff(&steps.scores, &by_hand) < TOL, "{what}: scores");
+    assert!(
+        max_abs_diff(&steps.scores, &by_hand) < TOL,
+        "{what}: scores"
+    );
     let scaled = (&steps.scores * steps.scale).unwrap();
-    assert!(max_diff(&steps.scaled, &scaled) < TOL, "{what}: scaled");
+    assert!(max_abs_diff(&steps.scaled, &scaled) < TOL, "{what}: scaled");
     assert_eq!(steps.concat.dims(), &[l, h * steps.value_dim]);
     assert_eq!(steps.blended.dims(), &[h, l, steps.value_dim]);
     assert_eq!(steps.weights.dims(), &[h, l, s]);
@@ -227,14 +219,14 @@ fn shipped_trace_is_the_forward_pass() {
         .unwrap();
     let trace = t.model().trace(&src, &tgt).unwrap();
     let logits = t.model().forward(&src, &tgt, false).unwrap();
-    assert_eq!(max_diff(&trace.logits, &logits), 0.0);
+    assert_eq!(max_abs_diff(&trace.logits, &logits), 0.0);
     let (memory, _) = t.model().encode(&src, false).unwrap();
-    assert_eq!(max_diff(&trace.memory, &memory), 0.0);
+    assert_eq!(max_abs_diff(&trace.memory, &memory), 0.0);
     // Cross-attention reads the encoder output; self-attention its own input.
     for layer in &trace.decoder {
-        assert_eq!(max_diff(&layer.cross_attn.key_value, &memory), 0.0);
+        assert_eq!(max_abs_diff(&layer.cross_attn.key_value, &memory), 0.0);
         assert_eq!(
-            max_diff(&layer.self_attn.key_value, &layer.self_attn.query),
+            max_abs_diff(&layer.self_attn.key_value, &layer.self_attn.query),
             0.0
         );
     }
@@ -253,7 +245,7 @@ fn shipped_trace_is_the_forward_pass() {
     for (layer, w) in cross.iter().enumerate() {
         let e = Explanation::of_translator(&t, "nine hundred and one", AttentionUse::Cross, layer)
             .unwrap();
-        assert!(max_diff(&e.steps.weights, &w.squeeze(0).unwrap()) < TOL);
+        assert!(max_abs_diff(&e.steps.weights, &w.squeeze(0).unwrap()) < TOL);
     }
 }
 
@@ -282,9 +274,9 @@ fn marian_blocks_equal_its_forward_pass() {
     let mask = ids.ones_like().unwrap();
     let (logits, memory) = t.model().forward(&ids, &mask, &dec).unwrap();
     let trace = t.model().trace(&ids, &mask, &dec).unwrap();
-    assert_eq!(max_diff(&trace.logits, &logits), 0.0);
-    assert_eq!(max_diff(&trace.memory, &memory), 0.0);
-    assert_eq!(max_diff(&e.logits, &logits.squeeze(0).unwrap()), 0.0);
+    assert_eq!(max_abs_diff(&trace.logits, &logits), 0.0);
+    assert_eq!(max_abs_diff(&trace.memory, &memory), 0.0);
+    assert_eq!(max_abs_diff(&e.logits, &logits.squeeze(0).unwrap()), 0.0);
 }
 
 #[test]
@@ -358,7 +350,7 @@ fn marian_steps_equal_transformers_attentions_and_hidden_states() {
                 AttentionUse::Cross => ("cross_attentions", "encoder_hidden_states"),
             };
             let want = fixture[&format!("{weights}.{layer}")].squeeze(0).unwrap();
-            let d = max_diff(&e.steps.weights, &want);
+            let d = max_abs_diff(&e.steps.weights, &want);
             assert!(d < TOL, "{attention} layer {layer}: weights differ by {d}");
             // Post-norm Marian: a layer's input is its self-attention's input; cross-attention
             // reads the encoder output (the last hidden state).
@@ -367,7 +359,7 @@ fn marian_steps_equal_transformers_attentions_and_hidden_states() {
                 _ => (&e.steps.query_input, format!("{hidden}.{layer}")),
             };
             let want = fixture[&want].squeeze(0).unwrap();
-            let d = max_diff(input, &want);
+            let d = max_abs_diff(input, &want);
             assert!(
                 d < 1e-4,
                 "{attention} layer {layer}: block input differs by {d}"

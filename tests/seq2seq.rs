@@ -1,6 +1,9 @@
 //! The token-level model: incremental decoding equals the full pass, configs round-trip through
 //! JSON, and training through autograd reaches every parameter.
 
+mod common;
+use common::max_abs_diff;
+
 use candle::{DType, Device, Tensor, D};
 use candle_attention::transformer::{Activation, Seq2Seq, Seq2SeqConfig, TransformerConfig};
 use candle_nn::{Optimizer, VarBuilder, VarMap};
@@ -60,25 +63,6 @@ fn ids(lengths: &[usize], vocab: u32, seed: u64, first: Option<u32>) -> Tensor {
         }
     }
     Tensor::from_vec(rows, (lengths.len(), max), &Device::Cpu).unwrap()
-}
-
-/// Largest `|a - b|`, NaN if any difference is NaN (candle's `max` skips NaN, which would let
-/// `max_abs_diff(..) < tol` pass on NaN outputs).
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()
-        .into_iter()
-        .fold(0f32, |m, x| {
-            if x.is_nan() || m.is_nan() {
-                f32::NAN
-            } else {
-                m.max(x.abs())
-            }
-        })
 }
 
 proptest! {

@@ -5,6 +5,9 @@
 //! The reference is `scaled_dot_product_attention` with `need_weights: true`, which always
 //! takes the naive path. In `f32` the kernels must agree to 1e-5.
 
+mod common;
+use common::max_abs_diff;
+
 use candle::{DType, Device, Tensor};
 use candle_attention::mask::MaskParts;
 use candle_attention::sdpa::tiled::{self, TiledConfig, BQ};
@@ -26,31 +29,6 @@ fn reference(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, scale: Option<f64>
         dropout: 0.0,
     };
     scaled_dot_product_attention(q, k, v, &args).unwrap().output
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    let a = a
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
-    let b = b
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
-    a.iter().zip(&b).fold(0f32, |m, (x, y)| {
-        assert!(
-            x.is_finite() && y.is_finite(),
-            "non-finite output: {x} vs {y}"
-        );
-        m.max((x - y).abs())
-    })
 }
 
 /// Sizes around block boundaries: 1, block - 1, block, block + 1 (and twice the block).

@@ -86,21 +86,8 @@ pub struct AttentionBenchArgs {
         default_value = "auto"
     )]
     impls: Vec<ImplArg>,
-    /// Input dtype.
-    #[arg(long, value_enum, default_value = "f32")]
-    dtype: DTypeArg,
-    /// Where to compute (tiled, decode and candle-flash are CPU kernels).
-    #[arg(long, value_enum, default_value = "cpu")]
-    device: DeviceArg,
-    /// Timed iterations (the median and minimum are reported).
-    #[arg(long, default_value_t = 10)]
-    iters: usize,
-    /// Untimed iterations first.
-    #[arg(long, default_value_t = 2)]
-    warmup: usize,
-    /// Print one JSON object per line.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
 #[derive(clap::Args, Debug)]
@@ -120,13 +107,20 @@ pub struct MhaBenchArgs {
     /// Causal mask.
     #[arg(long)]
     causal: bool,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// How a benchmark runs and reports, the same for `bench attention` and `bench mha`.
+#[derive(clap::Args, Debug)]
+struct RunArgs {
     /// Input dtype.
     #[arg(long, value_enum, default_value = "f32")]
     dtype: DTypeArg,
-    /// Where to compute.
+    /// Where to compute (tiled, decode and candle-flash are CPU kernels).
     #[arg(long, value_enum, default_value = "cpu")]
     device: DeviceArg,
-    /// Timed iterations.
+    /// Timed iterations (the median and minimum are reported).
     #[arg(long, default_value_t = 10)]
     iters: usize,
     /// Untimed iterations first.
@@ -178,8 +172,8 @@ fn dtype_name(dt: DType) -> &'static str {
 }
 
 pub fn attention(a: &AttentionBenchArgs) -> Result<()> {
-    let dev = a.device.device()?;
-    let dtype = a.dtype.dtype();
+    let dev = a.run.device.device()?;
+    let dtype = a.run.dtype.dtype();
     let (b, h, nq, nk, d) = (a.batch, a.heads, a.seq_q, a.seq_k, a.head_dim);
     if b == 0 || h == 0 || nq == 0 || nk == 0 || d == 0 {
         bail!("batch, heads, seq-q, seq-k and head-dim must all be at least 1")
@@ -312,9 +306,9 @@ pub fn attention(a: &AttentionBenchArgs) -> Result<()> {
             #[cfg(feature = "flash-attn")]
             ImplArg::FlashAttn => flash_attn_runner(&q, &k, &v, &mask, scale)?,
         };
-        let (median, min) = time(&dev, a.warmup, a.iters, || run().map(drop))?;
+        let (median, min) = time(&dev, a.run.warmup, a.run.iters, || run().map(drop))?;
         let gflops = flops / (median * 1e6);
-        if a.json {
+        if a.run.json {
             let line = serde_json::json!({
                 "bench": "attention",
                 "impl": imp.name(),
@@ -324,7 +318,7 @@ pub fn attention(a: &AttentionBenchArgs) -> Result<()> {
                 "dtype": dtype_name(dtype),
                 "device": format!("{:?}", dev.location()),
                 "threads": rayon::current_num_threads(),
-                "iters": a.iters,
+                "iters": a.run.iters,
                 "median_ms": median,
                 "min_ms": min,
                 "gflops": gflops,
@@ -372,8 +366,8 @@ fn flash_attn_runner(
 }
 
 pub fn mha(a: &MhaBenchArgs) -> Result<()> {
-    let dev = a.device.device()?;
-    let dtype = a.dtype.dtype();
+    let dev = a.run.device.device()?;
+    let dtype = a.run.dtype.dtype();
     let (b, n, e, h) = (a.batch, a.seq, a.embed_dim, a.heads);
     if b == 0 || n == 0 {
         bail!("batch and seq must be at least 1")
@@ -401,7 +395,7 @@ pub fn mha(a: &MhaBenchArgs) -> Result<()> {
         },
         ..Default::default()
     };
-    let (median, min) = time(&dev, a.warmup, a.iters, || {
+    let (median, min) = time(&dev, a.run.warmup, a.run.iters, || {
         if a.causal {
             mha.attend(&x, &x, &x, &args)?;
         } else {
@@ -413,7 +407,7 @@ pub fn mha(a: &MhaBenchArgs) -> Result<()> {
     let attn_flops = 4.0 * (b * h * n * n * hd) as f64 * if a.causal { 0.5 } else { 1.0 };
     let proj_flops = 4.0 * 2.0 * (b * n * e * e) as f64;
     let gflops = (attn_flops + proj_flops) / (median * 1e6);
-    if a.json {
+    if a.run.json {
         let line = serde_json::json!({
             "bench": "mha",
             "impl": "candle-attention",
@@ -421,7 +415,7 @@ pub fn mha(a: &MhaBenchArgs) -> Result<()> {
             "causal": a.causal,
             "dtype": dtype_name(dtype),
             "threads": rayon::current_num_threads(),
-            "iters": a.iters,
+            "iters": a.run.iters,
             "median_ms": median,
             "min_ms": min,
             "gflops": gflops,

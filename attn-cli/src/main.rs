@@ -159,6 +159,22 @@ fn main() -> ExitCode {
     }
 }
 
+/// Where and in what dtype `attn run mha` and `attn run transformer` compute, and how much
+/// memory the naive attention path may take.
+#[derive(clap::Args, Debug)]
+pub struct ComputeArgs {
+    /// Where to compute.
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: DeviceArg,
+    /// Refuse to run when attention would take the naive path (attention weights requested)
+    /// and its scores would need more than this many GiB; 0 for no limit.
+    #[arg(long, default_value_t = DEFAULT_MAX_ATTENTION_GIB, value_name = "GIB")]
+    pub max_attention_memory: f64,
+    /// Compute dtype: inputs and weights are converted, outputs written in it.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: DTypeArg,
+}
+
 /// Default of `--max-attention-memory`: the library's `DEFAULT_MAX_ATTENTION_BYTES` in GiB.
 pub const DEFAULT_MAX_ATTENTION_GIB: f64 =
     candle_attention::torch_io::DEFAULT_MAX_ATTENTION_BYTES as f64 / (1u64 << 30) as f64;

@@ -1,6 +1,5 @@
 //! `attn run mha`: torch.nn.MultiheadAttention on saved tensors.
 
-use crate::{DTypeArg, DeviceArg};
 use anyhow::Context;
 use candle_attention::torch_io::{run_mha, save_tensors, TorchMhaInputs, TorchMhaOptions};
 use candle_attention::weights::normalize_prefix;
@@ -39,19 +38,13 @@ pub struct RunMhaArgs {
     /// Where to write output (and attn_weights).
     #[arg(long)]
     output: PathBuf,
-    #[arg(long, value_enum, default_value = "cpu")]
-    device: DeviceArg,
-    /// Refuse to run when attention would take the naive path (attention weights requested)
-    /// and its scores would need more than this many GiB; 0 for no limit.
-    #[arg(long, default_value_t = crate::DEFAULT_MAX_ATTENTION_GIB, value_name = "GIB")]
-    max_attention_memory: f64,
-    #[arg(long, value_enum, default_value = "f32")]
-    dtype: DTypeArg,
+    #[command(flatten)]
+    compute: crate::ComputeArgs,
 }
 
 pub fn run(args: &RunMhaArgs) -> anyhow::Result<()> {
-    let device = args.device.device()?;
-    let dtype = args.dtype.dtype();
+    let device = args.compute.device.device()?;
+    let dtype = args.compute.dtype.dtype();
     let weights = TensorFile::open(&args.weights)?;
     // `a.b` and torch's `a.b.` name the same block; `pp` would make `a.b..name` of the latter.
     let prefix = normalize_prefix(&args.prefix);
@@ -69,7 +62,7 @@ pub fn run(args: &RunMhaArgs) -> anyhow::Result<()> {
         causal: args.causal,
         need_weights: !args.no_weights,
         average_weights: !args.per_head_weights,
-        max_attention_bytes: crate::attention_limit(args.max_attention_memory)?,
+        max_attention_bytes: crate::attention_limit(args.compute.max_attention_memory)?,
     };
     let out = run_mha(&mha, &inputs, opts).context("running multi-head attention")?;
     let mut tensors = vec![("output", &out.output)];

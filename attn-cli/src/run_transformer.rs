@@ -1,6 +1,5 @@
 //! `attn run transformer`: torch.nn.Transformer on saved tensors.
 
-use crate::{DTypeArg, DeviceArg};
 use anyhow::Context;
 use candle_attention::torch_io::{run_transformer, save_tensors, TorchTransformerInputs};
 use candle_attention::transformer::{Activation, Transformer, TransformerConfig};
@@ -38,19 +37,13 @@ pub struct RunTransformerArgs {
     /// Where to write output.
     #[arg(long)]
     output: PathBuf,
-    #[arg(long, value_enum, default_value = "cpu")]
-    device: DeviceArg,
-    /// Refuse to run when attention would take the naive path (attention weights requested)
-    /// and its scores would need more than this many GiB; 0 for no limit.
-    #[arg(long, default_value_t = crate::DEFAULT_MAX_ATTENTION_GIB, value_name = "GIB")]
-    max_attention_memory: f64,
-    #[arg(long, value_enum, default_value = "f32")]
-    dtype: DTypeArg,
+    #[command(flatten)]
+    compute: crate::ComputeArgs,
 }
 
 pub fn run(args: &RunTransformerArgs) -> anyhow::Result<()> {
-    let device = args.device.device()?;
-    let dtype = args.dtype.dtype();
+    let device = args.compute.device.device()?;
+    let dtype = args.compute.dtype.dtype();
     let weights = TensorFile::open(&args.weights)?;
     // `a.b` and torch's `a.b.` name the same block; `pp` would make `a.b..name` of the latter.
     let prefix = normalize_prefix(&args.prefix);
@@ -73,7 +66,7 @@ pub fn run(args: &RunTransformerArgs) -> anyhow::Result<()> {
         &model,
         &inputs,
         args.batch_first,
-        crate::attention_limit(args.max_attention_memory)?,
+        crate::attention_limit(args.compute.max_attention_memory)?,
     )
     .context("running the transformer")?;
     save_tensors(&[("output", &output)], &args.output)?;

@@ -2,6 +2,10 @@
 //! `attn inspect DIR`, `attn translate --model DIR`, and their errors (exit code 1, a message on
 //! stderr, never a panic).
 
+#[path = "../../tests/common/mod.rs"]
+mod common;
+use common::max_abs_diff;
+
 use candle::{DType, Device, Tensor};
 use candle_attention::TensorFile;
 use std::path::{Path, PathBuf};
@@ -36,24 +40,6 @@ fn ok(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    let d: Vec<f32> = (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-    d.iter().fold(0f32, |m, &x| {
-        if x.is_nan() || m.is_nan() {
-            f32::NAN
-        } else {
-            m.max(x)
-        }
-    })
-}
-
 #[test]
 fn run_marian_writes_logits_and_encoder_states() {
     let dir = fixtures().join("marian/gelu_noscale"); // pytorch_model.bin only
@@ -74,7 +60,7 @@ fn run_marian_writes_logits_and_encoder_states() {
     for name in ["logits", "encoder_last_hidden_state"] {
         let g = got.load(name, &Device::Cpu).unwrap();
         assert_eq!(g.dtype(), DType::F32);
-        let d = max_diff(&g, &want.load(name, &Device::Cpu).unwrap());
+        let d = max_abs_diff(&g, &want.load(name, &Device::Cpu).unwrap());
         assert!(d <= 1e-4, "{name}: {d}");
     }
 }

@@ -7,7 +7,7 @@
 
 use super::tiled::{TiledConfig, BQ};
 use super::{decode, tiled};
-use crate::mask::{AttentionShape, Mask};
+use crate::mask::{AttentionShape, Mask, MaskParts};
 use candle::{Device, Tensor};
 
 /// `softmax(q kᵀ · scale + bias) v` for one `(b, h)`, row by row, in f64.
@@ -53,6 +53,46 @@ fn values(n: usize, seed: f32) -> Vec<f32> {
 /// Runs both kernels (default instruction set and portable) with `block_k = 16` on
 /// `(1, 1, l, d)` × `(1, 1, s, d)` under an optional causal offset and key padding after
 /// `valid` keys, and compares them with [`reference`].
+/// The tiled and the decode kernel, each with its SIMD and its portable code (block_k 16),
+/// against `want` (the reference, flattened) at 1e-5 relative; `case` names the inputs.
+fn check_both_kernels(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    parts: &MaskParts,
+    scale: f64,
+    want: &[f32],
+    case: &str,
+) {
+    for force_portable in [false, true] {
+        let cfg = TiledConfig {
+            block_k: 16,
+            force_portable,
+            blocks_per_task: None,
+        };
+        for (name, got) in [
+            ("tiled", tiled::attention_with(q, k, v, parts, scale, &cfg)),
+            (
+                "decode",
+                decode::attention_with(q, k, v, parts, scale, &cfg),
+            ),
+        ] {
+            let got = got
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            for (idx, (g, w)) in got.iter().zip(want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                    "{name} (portable {force_portable}) {case}: element {idx} is {g}, want {w}"
+                );
+            }
+        }
+    }
+}
+
 fn check(l: usize, s: usize, d: usize, causal: Option<usize>, valid: usize) {
     let dev = Device::Cpu;
     let (qv, kv, vv) = (values(l * d, 0.5), values(s * d, 1.5), values(s * d, 2.5));
@@ -81,37 +121,8 @@ fn check(l: usize, s: usize, d: usize, causal: Option<usize>, valid: usize) {
         }
     };
     let want = reference(&qv, &kv, &vv, &bias, l, s, d, scale);
-    for force_portable in [false, true] {
-        let cfg = TiledConfig {
-            block_k: 16,
-            force_portable,
-            blocks_per_task: None,
-        };
-        for (name, got) in [
-            (
-                "tiled",
-                tiled::attention_with(&q, &k, &v, &parts, scale, &cfg),
-            ),
-            (
-                "decode",
-                decode::attention_with(&q, &k, &v, &parts, scale, &cfg),
-            ),
-        ] {
-            let got = got
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap();
-            for (idx, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert!(
-                    (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
-                    "{name} (portable {force_portable}) l {l} s {s} d {d} causal {causal:?} \
-                     valid {valid}: element {idx} is {g}, want {w}"
-                );
-            }
-        }
-    }
+    let case = format!("l {l} s {s} d {d} causal {causal:?} valid {valid}");
+    check_both_kernels(&q, &k, &v, &parts, scale, &want, &case);
 }
 
 #[test]
@@ -193,36 +204,7 @@ fn kernels_pick_the_key_value_head_of_each_query_group() {
                 )
             })
             .collect();
-        for force_portable in [false, true] {
-            let cfg = TiledConfig {
-                block_k: 16,
-                force_portable,
-                blocks_per_task: None,
-            };
-            for (name, got) in [
-                (
-                    "tiled",
-                    tiled::attention_with(&q, &k, &v, &parts, scale, &cfg),
-                ),
-                (
-                    "decode",
-                    decode::attention_with(&q, &k, &v, &parts, scale, &cfg),
-                ),
-            ] {
-                let got = got
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap();
-                for (idx, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert!(
-                        (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
-                        "{name} (portable {force_portable}) h {h} hkv {hkv} l {l} s {s}: \
-                         element {idx} is {g}, want {w}"
-                    );
-                }
-            }
-        }
+        let case = format!("h {h} hkv {hkv} l {l} s {s}");
+        check_both_kernels(&q, &k, &v, &parts, scale, &want, &case);
     }
 }

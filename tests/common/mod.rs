@@ -257,3 +257,31 @@ pub fn tolerance(dtype: DType, device: &candle::Device) -> f32 {
         (other, _) => panic!("no tolerance for {other:?}"),
     }
 }
+
+/// Largest `|a - b|` of two tensors of one shape (any float dtype, any device), in `f32`; NaN
+/// when any difference is NaN or infinite-minus-infinite (candle's own `max` skips NaN, which
+/// would let `max_abs_diff(..) <= tol` pass on NaN outputs).
+pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    assert_eq!(a.dims(), b.dims(), "compared tensors differ in shape");
+    let flat = |t: &Tensor| -> Vec<f32> {
+        t.to_device(&candle::Device::Cpu)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    };
+    flat(a)
+        .iter()
+        .zip(&flat(b))
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, |m, d| {
+            if d.is_nan() || m.is_nan() {
+                f32::NAN
+            } else {
+                m.max(d)
+            }
+        })
+}
