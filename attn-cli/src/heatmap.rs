@@ -126,24 +126,41 @@ pub fn render_png(map: &AttentionMap, heads: Heads) -> Result<Vec<u8>> {
 /// Errors on any other extension (naming it and the two supported ones), as [`render_svg`] and
 /// [`render_png`] do, and when the file cannot be written.
 pub fn save(map: &AttentionMap, heads: Heads, path: &Path) -> Result<()> {
+    save_svg_or_png(
+        path,
+        "heatmap",
+        || render_svg(map, heads),
+        || render_png(map, heads),
+    )
+}
+
+/// Writes a figure to `path` as SVG or PNG by its extension (`.svg`, `.png`, any case); the
+/// errors name the file, the `what` ("heatmap", "figure") and the supported extensions. Shared
+/// by the heatmaps and the step figures of `attn explain` ([`steps`]).
+pub(crate) fn save_svg_or_png(
+    path: &Path,
+    what: &str,
+    svg: impl FnOnce() -> Result<String>,
+    png: impl FnOnce() -> Result<Vec<u8>>,
+) -> Result<()> {
     let Some(ext) = path.extension() else {
         candle::bail!(
-            "cannot tell the heatmap format of {}: it has no extension; use .svg or .png",
+            "cannot tell the {what} format of {}: it has no extension; use .svg or .png",
             path.display()
         )
     };
     let ext_text = ext.to_string_lossy();
     let bytes = match ext_text.to_ascii_lowercase().as_str() {
-        "svg" => render_svg(map, heads)?.into_bytes(),
-        "png" => render_png(map, heads)?,
+        "svg" => svg()?.into_bytes(),
+        "png" => png()?,
         _ => candle::bail!(
-            "unsupported heatmap file extension .{ext_text} in {}: use .svg or .png",
+            "unsupported {what} file extension .{ext_text} in {}: use .svg or .png",
             path.display()
         ),
     };
     std::fs::write(path, bytes).map_err(|e| {
         candle::Error::Msg(format!(
-            "cannot write the heatmap to {}: {e}",
+            "cannot write the {what} to {}: {e}",
             path.display()
         ))
     })
@@ -391,30 +408,9 @@ impl Figure {
             r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="{FONT_FAMILY}" font-size="{FONT}">"#
         )?;
         writeln!(out, "<defs>")?;
-        writeln!(
-            out,
-            r#"<linearGradient id="attention-scale" x1="0" y1="1" x2="0" y2="0">"#
-        )?;
-        let last = (SCALE.len() - 1) as f64;
-        for (i, c) in SCALE.iter().enumerate() {
-            writeln!(
-                out,
-                r#"<stop offset="{:.4}" stop-color="{}"/>"#,
-                i as f64 / last,
-                hex(*c)
-            )?;
-        }
-        writeln!(out, "</linearGradient>\n</defs>")?;
-        writeln!(
-            out,
-            r##"<rect class="background" x="0" y="0" width="{w}" height="{h}" fill="#ffffff"/>"##
-        )?;
-        writeln!(
-            out,
-            r#"<text class="title" x="{MARGIN}" y="{:.1}" font-size="{TITLE_FONT}" fill="{INK}">{}</text>"#,
-            MARGIN + TITLE_FONT,
-            escape(&self.title)
-        )?;
+        write_gradient(out, "attention-scale", &SCALE)?;
+        writeln!(out, "</defs>")?;
+        write_background_and_title(out, (w, h), &self.title)?;
         for (panel, origin) in self.panels.iter().zip(&self.origins) {
             self.write_panel(out, panel, *origin)?;
         }
@@ -467,29 +463,14 @@ impl Figure {
                 )?;
             }
         }
-        writeln!(
-            out,
-            r##"<rect class="frame" x="{gx:.1}" y="{gy:.1}" width="{grid_w}" height="{grid_h}" fill="none" stroke="#9a9a9a" stroke-width="1"/>"##
-        )?;
-
         // The colour bar, 0 at the bottom, the panel maximum at the top.
-        let bx = gx + grid_w + BAR_GAP;
-        let bh = self.bar_height;
-        writeln!(
+        write_frame_and_bar(
             out,
-            r##"<rect class="colour-bar" x="{bx:.1}" y="{gy:.1}" width="{BAR_WIDTH}" height="{bh:.1}" fill="url(#attention-scale)" stroke="#9a9a9a" stroke-width="1"/>"##
-        )?;
-        let lx = bx + BAR_WIDTH + 4.0;
-        writeln!(
-            out,
-            r#"<text class="colour-bar-label" x="{lx:.1}" y="{:.1}" fill="{INK}">{}</text>"#,
-            gy + 0.75 * FONT,
-            format_value(panel.vmax)
-        )?;
-        writeln!(
-            out,
-            r#"<text class="colour-bar-label" x="{lx:.1}" y="{:.1}" fill="{INK}">0</text>"#,
-            gy + bh
+            (gx, gy),
+            (grid_w, grid_h),
+            self.bar_height,
+            "attention-scale",
+            (&format_value(panel.vmax), "0"),
         )?;
         writeln!(out, "</g>")
     }
@@ -539,6 +520,78 @@ pub(crate) fn write_axis_labels(
         )?;
     }
     writeln!(out, "</g>")
+}
+
+/// A vertical `<linearGradient id="{id}">` through the colours of `scale` (bottom to top),
+/// for the colour bars.
+pub(crate) fn write_gradient(out: &mut String, id: &str, scale: &[[u8; 3]]) -> std::fmt::Result {
+    writeln!(
+        out,
+        r#"<linearGradient id="{id}" x1="0" y1="1" x2="0" y2="0">"#
+    )?;
+    let last = (scale.len() - 1) as f64;
+    for (i, c) in scale.iter().enumerate() {
+        writeln!(
+            out,
+            r#"<stop offset="{:.4}" stop-color="{}"/>"#,
+            i as f64 / last,
+            hex(*c)
+        )?;
+    }
+    writeln!(out, "</linearGradient>")
+}
+
+/// The white background of a `w × h` figure and its title at the top left.
+pub(crate) fn write_background_and_title(
+    out: &mut String,
+    (w, h): (f64, f64),
+    title: &str,
+) -> std::fmt::Result {
+    writeln!(
+        out,
+        r##"<rect class="background" x="0" y="0" width="{w}" height="{h}" fill="#ffffff"/>"##
+    )?;
+    writeln!(
+        out,
+        r#"<text class="title" x="{MARGIN}" y="{:.1}" font-size="{TITLE_FONT}" fill="{INK}">{}</text>"#,
+        MARGIN + TITLE_FONT,
+        escape(title)
+    )
+}
+
+/// The frame around a `grid_w × grid_h` grid of cells at `(gx, gy)`, and to its right a colour
+/// bar `bar_h` high filled with the gradient `gradient`, labelled `hi` at the top and `lo` at
+/// the bottom.
+pub(crate) fn write_frame_and_bar(
+    out: &mut String,
+    (gx, gy): (f64, f64),
+    (grid_w, grid_h): (f64, f64),
+    bar_h: f64,
+    gradient: &str,
+    (hi, lo): (&str, &str),
+) -> std::fmt::Result {
+    writeln!(
+        out,
+        r##"<rect class="frame" x="{gx:.1}" y="{gy:.1}" width="{grid_w}" height="{grid_h}" fill="none" stroke="#9a9a9a" stroke-width="1"/>"##
+    )?;
+    let bx = gx + grid_w + BAR_GAP;
+    writeln!(
+        out,
+        r##"<rect class="colour-bar" x="{bx:.1}" y="{gy:.1}" width="{BAR_WIDTH}" height="{bar_h:.1}" fill="url(#{gradient})" stroke="#9a9a9a" stroke-width="1"/>"##
+    )?;
+    let lx = bx + BAR_WIDTH + 4.0;
+    writeln!(
+        out,
+        r#"<text class="colour-bar-label" x="{lx:.1}" y="{:.1}" fill="{INK}">{}</text>"#,
+        gy + 0.75 * FONT,
+        escape(hi)
+    )?;
+    writeln!(
+        out,
+        r#"<text class="colour-bar-label" x="{lx:.1}" y="{:.1}" fill="{INK}">{}</text>"#,
+        gy + bar_h,
+        escape(lo)
+    )
 }
 
 /// The embedded font database: DejaVu Sans only, also standing in for `sans-serif`.

@@ -21,7 +21,8 @@
 //! ```
 
 use super::{
-    display_label, escape, hex, rasterise, text_width, write_axis_labels, BAR_GAP, BAR_WIDTH, CELL,
+    display_label, escape, hex, rasterise, save_svg_or_png, text_width, write_axis_labels,
+    write_background_and_title, write_frame_and_bar, write_gradient, BAR_GAP, BAR_WIDTH, CELL,
     DIAG, FONT, FONT_FAMILY, INK, LABEL_GAP, MARGIN, PANEL_GAP, TITLE_FONT,
 };
 use candle::Result;
@@ -248,36 +249,10 @@ fn write_svg(
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="{FONT_FAMILY}" font-size="{FONT}">"#
     )?;
     writeln!(out, "<defs>")?;
-    for (name, scale) in [
-        ("sequential", &super::SCALE[..]),
-        ("diverging", &DIVERGING[..]),
-    ] {
-        writeln!(
-            out,
-            r#"<linearGradient id="scale-{name}" x1="0" y1="1" x2="0" y2="0">"#
-        )?;
-        let last = (scale.len() - 1) as f64;
-        for (i, c) in scale.iter().enumerate() {
-            writeln!(
-                out,
-                r#"<stop offset="{:.4}" stop-color="{}"/>"#,
-                i as f64 / last,
-                hex(*c)
-            )?;
-        }
-        writeln!(out, "</linearGradient>")?;
-    }
+    write_gradient(out, "scale-sequential", &super::SCALE)?;
+    write_gradient(out, "scale-diverging", &DIVERGING)?;
     writeln!(out, "</defs>")?;
-    writeln!(
-        out,
-        r##"<rect class="background" x="0" y="0" width="{w}" height="{h}" fill="#ffffff"/>"##
-    )?;
-    writeln!(
-        out,
-        r#"<text class="title" x="{MARGIN}" y="{:.1}" font-size="{TITLE_FONT}" fill="{INK}">{}</text>"#,
-        MARGIN + TITLE_FONT,
-        escape(title)
-    )?;
+    write_background_and_title(out, (w, h), title)?;
     let mut x = MARGIN;
     for (panel, g) in panels.iter().zip(geometry) {
         write_panel(out, panel, g, (x, MARGIN + title_h))?;
@@ -331,33 +306,18 @@ fn write_panel(
             )?;
         }
     }
-    writeln!(
-        out,
-        r##"<rect class="frame" x="{gx:.1}" y="{gy:.1}" width="{grid_w}" height="{grid_h}" fill="none" stroke="#9a9a9a" stroke-width="1"/>"##
-    )?;
-    let bx = gx + grid_w + BAR_GAP;
-    let bh = grid_h.max(3.0 * FONT);
     let gradient = match panel.scale {
-        ColourScale::Sequential => "sequential",
-        ColourScale::Diverging => "diverging",
+        ColourScale::Sequential => "scale-sequential",
+        ColourScale::Diverging => "scale-diverging",
     };
-    writeln!(
-        out,
-        r##"<rect class="colour-bar" x="{bx:.1}" y="{gy:.1}" width="{BAR_WIDTH}" height="{bh:.1}" fill="url(#scale-{gradient})" stroke="#9a9a9a" stroke-width="1"/>"##
-    )?;
     let (lo, hi) = panel.bar_labels();
-    let lx = bx + BAR_WIDTH + 4.0;
-    writeln!(
+    write_frame_and_bar(
         out,
-        r#"<text class="colour-bar-label" x="{lx:.1}" y="{:.1}" fill="{INK}">{}</text>"#,
-        gy + 0.75 * FONT,
-        escape(&hi)
-    )?;
-    writeln!(
-        out,
-        r#"<text class="colour-bar-label" x="{lx:.1}" y="{:.1}" fill="{INK}">{}</text>"#,
-        gy + bh,
-        escape(&lo)
+        (gx, gy),
+        (grid_w, grid_h),
+        grid_h.max(3.0 * FONT),
+        gradient,
+        (&hi, &lo),
     )?;
     writeln!(out, "</g>")
 }
@@ -369,19 +329,12 @@ pub fn render_steps_png(title: &str, panels: &[MatrixPanel]) -> Result<Vec<u8>> 
 
 /// Draws the figure into `path`, SVG or PNG by the extension (`.svg`, `.png`, any case).
 pub fn save_steps(title: &str, panels: &[MatrixPanel], path: &Path) -> Result<()> {
-    let ext = path
-        .extension()
-        .map(|e| e.to_string_lossy().to_ascii_lowercase());
-    let bytes = match ext.as_deref() {
-        Some("svg") => render_steps_svg(title, panels)?.into_bytes(),
-        Some("png") => render_steps_png(title, panels)?,
-        _ => candle::bail!(
-            "cannot tell the figure format of {}: use a .svg or .png file name",
-            path.display()
-        ),
-    };
-    std::fs::write(path, bytes)
-        .map_err(|e| candle::Error::Msg(format!("cannot write {}: {e}", path.display())))
+    save_svg_or_png(
+        path,
+        "figure",
+        || render_steps_svg(title, panels),
+        || render_steps_png(title, panels),
+    )
 }
 
 #[cfg(test)]
