@@ -43,9 +43,18 @@ pub(super) struct Operands<'a> {
     pub bias: Option<&'a [f32]>,
 }
 
-/// The output pointer shared by the tasks of [`gemm`], each of which writes its own rectangle.
+/// The output pointer shared by the parallel tasks of a product, each of which writes its own
+/// rectangle ([`gemm`], [`gemm_rows`], and [`super::mapped`]'s row kernel).
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(super) struct OutPtr(pub(super) *mut f32);
+
+impl OutPtr {
+    /// The pointer (a method, so that a closure captures the whole `Sync` wrapper, not the
+    /// raw pointer in it).
+    pub(super) fn get(self) -> *mut f32 {
+        self.0
+    }
+}
 // SAFETY: tasks only write through the pointer into disjoint rectangles of the output (see
 // `gemm`), and the buffer outlives the parallel loop.
 unsafe impl Send for OutPtr {}

@@ -17,6 +17,7 @@
 //! The resident memory of the process then holds each weight once, as page cache shared with
 //! the file, and nothing is copied at load time.
 
+use super::gemm::OutPtr;
 use crate::weights::TensorFile;
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -143,10 +144,10 @@ const ROWS_PER_TASK: usize = 128;
 /// From this many rows of `x` on, [`linear_nt`] transposes strips of `W` on the fly and runs
 /// the packed GEMM micro-kernel ([`super::gemm::gemm_rows`]); below, the row-by-row dot
 /// products are faster: each weight is used too few times to pay for its transposition.
-/// Measured on an opus-mt output projection (58101 × 512, 2 threads): 16 rows 8.0 ms (dot
-/// products) vs 9.0 ms (packed), 32 rows 14.9 vs 13.7, 64 rows 26.3 vs 22.6, 192 rows 98.6 vs
-/// 76.6.
-const PACKED_MIN_ROWS: usize = 32;
+/// Measured on an opus-mt output projection (58101 × 512, 2 threads, AMD EPYC Zen 4, median
+/// of 15): 8 rows 3.8 ms (dot products) vs 7.0 ms (packed), 32 rows 11.4 vs 12.3, 64 rows
+/// 21.9 vs 22.4, 96 rows 31.5 vs 30.9.
+const PACKED_MIN_ROWS: usize = 96;
 
 /// `y = x Wᵀ + b`: `x` `(m, k)` row-major, `w` `(n, k)` row-major, `bias` `(n)` → `(m, n)`.
 pub(crate) fn linear_nt(
@@ -161,53 +162,105 @@ pub(crate) fn linear_nt(
     if m >= PACKED_MIN_ROWS && k > 0 {
         return super::gemm::gemm_rows(crate::simd::Isa::detect(false), x, m, k, w, n, bias);
     }
-    // Each task computes `(rows, m)`, transposed, for its rows of `W`; then they are laid out.
-    let blocks: Vec<Vec<f32>> = (0..n.div_ceil(ROWS_PER_TASK))
+    linear_nt_rows(x, m, w, n, k, bias)
+}
+
+/// [`linear_nt`] by dot products of the rows of `x` with the rows of `W` where they lie: tasks
+/// of [`ROWS_PER_TASK`] rows of `W` in parallel, each writing its columns of `y` (all rows).
+fn linear_nt_rows(
+    x: &[f32],
+    m: usize,
+    w: &[f32],
+    n: usize,
+    k: usize,
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
+    // Every element is written by exactly one task (below), so the buffer starts
+    // uninitialised rather than zeroed: at beam-search sizes (32 × 58101) zeroing it cost 3%
+    // of the decoding time.
+    let mut y = Vec::<f32>::with_capacity(m * n);
+    let out = OutPtr(y.as_mut_ptr());
+    (0..n.div_ceil(ROWS_PER_TASK))
         .into_par_iter()
-        .map(|t| {
+        .for_each(|t| {
             let r0 = t * ROWS_PER_TASK;
             let rows = ROWS_PER_TASK.min(n - r0);
-            let mut out = vec![0f32; rows * m];
-            block(x, m, &w[r0 * k..(r0 + rows) * k], rows, k, &mut out);
-            out
-        })
-        .collect();
-    let mut y = vec![0f32; m * n];
-    for (t, out) in blocks.iter().enumerate() {
-        let r0 = t * ROWS_PER_TASK;
-        let rows = out.len() / m.max(1);
-        for r in 0..rows {
-            let b = bias.map_or(0.0, |b| b[r0 + r]);
-            for i in 0..m {
-                y[i * n + r0 + r] = out[r * m + i] + b;
-            }
-        }
-    }
+            let bias = bias.map(|b| &b[r0..r0 + rows]);
+            // SAFETY: task t alone writes columns r0 .. r0 + rows (the tasks partition the
+            // columns), of the m rows of `y` at stride n; `out` points to its m · n floats,
+            // which outlive the loop.
+            unsafe {
+                block(
+                    x,
+                    m,
+                    &w[r0 * k..(r0 + rows) * k],
+                    rows,
+                    k,
+                    bias,
+                    out.get().add(r0),
+                    n,
+                )
+            };
+        });
+    // SAFETY: the capacity is m · n, and the tasks, which partition the columns, each wrote
+    // every element of their columns in every row (`block` writes all m × rows outputs).
+    unsafe { y.set_len(m * n) };
     y
 }
 
-/// `out[r * m + i] = Σ_kk x[i, kk] · w[r, kk]` for `rows` rows of `w`, with AVX-512 where
-/// the CPU has it.
-fn block(x: &[f32], m: usize, w: &[f32], rows: usize, k: usize, out: &mut [f32]) {
-    assert!(x.len() >= m * k && w.len() >= rows * k && out.len() >= rows * m);
+/// `y[i * ys + r] = Σ_kk x[i, kk] · w[r, kk] + bias[r]` for `i < m`, `r < rows`, with AVX-512
+/// where the CPU has it.
+///
+/// # Safety
+/// `y` is valid for writes at `i * ys + r` for every `i < m`, `r < rows`, and nothing else
+/// accesses those floats meanwhile.
+#[allow(clippy::too_many_arguments)]
+unsafe fn block(
+    x: &[f32],
+    m: usize,
+    w: &[f32],
+    rows: usize,
+    k: usize,
+    bias: Option<&[f32]>,
+    y: *mut f32,
+    ys: usize,
+) {
+    assert!(x.len() >= m * k && w.len() >= rows * k && bias.is_none_or(|b| b.len() >= rows));
     #[cfg(target_arch = "x86_64")]
     {
         if is_x86_feature_detected!("avx512f") {
-            // SAFETY: avx512f was detected just above; the lengths are asserted above, which
-            // is the function's contract.
-            return unsafe { block_avx512(x, m, w, rows, k, out) };
+            // SAFETY: avx512f was detected just above; the lengths are asserted above and
+            // `y` is the caller's contract, which is the function's.
+            return unsafe { block_avx512(x, m, w, rows, k, bias, y, ys) };
         }
     }
-    block_portable(x, m, w, rows, k, out)
+    // SAFETY: the caller's contract.
+    unsafe { block_portable(x, m, w, rows, k, bias, y, ys) }
 }
 
 /// The portable loop: one dot product at a time.
-fn block_portable(x: &[f32], m: usize, w: &[f32], rows: usize, k: usize, out: &mut [f32]) {
+///
+/// # Safety
+/// As [`block`], with the lengths it asserts.
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_portable(
+    x: &[f32],
+    m: usize,
+    w: &[f32],
+    rows: usize,
+    k: usize,
+    bias: Option<&[f32]>,
+    y: *mut f32,
+    ys: usize,
+) {
     for r in 0..rows {
         let wr = &w[r * k..(r + 1) * k];
+        let b = bias.map_or(0.0, |b| b[r]);
         for i in 0..m {
             let xr = &x[i * k..(i + 1) * k];
-            out[r * m + i] = xr.iter().zip(wr).map(|(a, b)| a * b).sum();
+            let dot: f32 = xr.iter().zip(wr).map(|(a, b)| a * b).sum();
+            // SAFETY: i < m, r < rows: the caller's contract.
+            unsafe { *y.add(i * ys + r) = dot + b };
         }
     }
 }
@@ -218,32 +271,53 @@ fn block_portable(x: &[f32], m: usize, w: &[f32], rows: usize, k: usize, out: &m
 const PREFETCH_GROUPS: usize = 4;
 
 /// Register tiles of 4 rows of `w` × 4 rows of `x`: 16 accumulators of 16 lanes, each step
-/// loading 4 + 4 vectors for 16 FMAs; masked loads for the last `k % 16` columns.
+/// loading 4 + 4 vectors for 16 FMAs; masked loads for the last `k % 16` columns. A whole tile
+/// ends with the 16 horizontal sums in one vector ([`sums_16`]), lanes ordered so that each
+/// quarter is 4 consecutive outputs of one row of `y`: 4 vector stores, bias added.
 ///
 /// # Safety
-/// The CPU has avx512f; `x` holds `m · k`, `w` `rows · k` and `out` `rows · m` floats.
+/// The CPU has avx512f; `x` holds `m · k`, `w` `rows · k` and `bias` (if any) `rows` floats;
+/// `y` as in [`block`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn block_avx512(x: &[f32], m: usize, w: &[f32], rows: usize, k: usize, out: &mut [f32]) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_avx512(
+    x: &[f32],
+    m: usize,
+    w: &[f32],
+    rows: usize,
+    k: usize,
+    bias: Option<&[f32]>,
+    y: *mut f32,
+    ys: usize,
+) {
+    use crate::simd::avx512::sums_16;
     use std::arch::x86_64::*;
     let tail = k % 16;
     let tail_mask: __mmask16 = ((1u32 << tail) - 1) as __mmask16;
-    // One tile: MR rows of x from i, NR rows of w from r.
+    let bias_at = |r: usize| bias.map_or(0.0, |b| b[r]);
+    // With 4 or more tiles of 4 rows of `x` per group of rows of `w`, the prefetches of the
+    // group's row b are issued by tile b (one line per step), not all by the first tile: a
+    // burst of 4 × k / 16 prefetches queued behind each other (32 rows of `x`, 58101 × 512:
+    // 171 → 185 GFLOP/s on 2 threads).
+    let spread = m >= 16;
+    // One tile: MR rows of x from i, NR rows of w from r; `$finish` stores it.
     macro_rules! tile {
-        ($mr:expr, $nr:expr, $i:expr, $r:expr) => {{
-            // The first tile of a group of rows of `w` prefetches, into L2, the rows
-            // PREFETCH_GROUPS groups ahead: without it the weights arrived from memory at
-            // 22 GB/s with one row of `x` and 14 GB/s with 8 (the loads of `w` stalled the
-            // kernel), with it at 35 and 29 GB/s, the machine's streaming bandwidth (an
-            // opus-mt output projection, 58101 × 512, 2 threads).
-            let prefetch = $i == 0;
+        ($mr:expr, $nr:expr, $i:expr, $r:expr, $finish:ident) => {{
+            // Tiles prefetch, into L2, the rows of `w` PREFETCH_GROUPS groups ahead (which
+            // tiles: `spread`): without it the weights arrived from memory at 22 GB/s with one
+            // row of `x` and 14 GB/s with 8 (the loads of `w` stalled the kernel), with it at
+            // 35 and 29 GB/s, the machine's streaming bandwidth (an opus-mt output
+            // projection, 58101 × 512, 2 threads).
+            let prefetch: [bool; $nr] =
+                std::array::from_fn(|b| if spread { $i == 4 * b } else { $i == 0 });
             let mut acc = [[_mm512_setzero_ps(); $nr]; $mr];
             let xp: [*const f32; $mr] = std::array::from_fn(|a| x.as_ptr().add(($i + a) * k));
             let wp: [*const f32; $nr] = std::array::from_fn(|b| w.as_ptr().add(($r + b) * k));
             let mut c = 0;
             while c + 16 <= k {
-                if prefetch {
-                    for b in 0..$nr {
+                for b in 0..$nr {
+                    if prefetch[b] {
                         // A hint, never a fault: past the end of `w` it does nothing.
                         _mm_prefetch::<_MM_HINT_T1>(
                             wp[b].wrapping_add(c + PREFETCH_GROUPS * $nr * k).cast(),
@@ -269,22 +343,44 @@ unsafe fn block_avx512(x: &[f32], m: usize, w: &[f32], rows: usize, k: usize, ou
                     }
                 }
             }
+            $finish!(acc, $mr, $nr, $i, $r);
+        }};
+    }
+    // Any tile: one horizontal sum per output.
+    macro_rules! finish_each {
+        ($acc:ident, $mr:expr, $nr:expr, $i:expr, $r:expr) => {
             for a in 0..$mr {
                 for b in 0..$nr {
-                    out[($r + b) * m + $i + a] = _mm512_reduce_add_ps(acc[a][b]);
+                    *y.add(($i + a) * ys + $r + b) =
+                        _mm512_reduce_add_ps($acc[a][b]) + bias_at($r + b);
                 }
             }
+        };
+    }
+    // A 4 × 4 tile: lane 4a + b of the sums is output (i + a, r + b).
+    macro_rules! finish_4x4 {
+        ($acc:ident, $mr:expr, $nr:expr, $i:expr, $r:expr) => {{
+            let s = sums_16(std::array::from_fn(|j| $acc[j / 4][j % 4]));
+            let b4 = match bias {
+                Some(b) => _mm_loadu_ps(b.as_ptr().add($r)),
+                None => _mm_setzero_ps(),
+            };
+            let row = |a: usize| y.add(($i + a) * ys + $r);
+            _mm_storeu_ps(row(0), _mm_add_ps(_mm512_extractf32x4_ps::<0>(s), b4));
+            _mm_storeu_ps(row(1), _mm_add_ps(_mm512_extractf32x4_ps::<1>(s), b4));
+            _mm_storeu_ps(row(2), _mm_add_ps(_mm512_extractf32x4_ps::<2>(s), b4));
+            _mm_storeu_ps(row(3), _mm_add_ps(_mm512_extractf32x4_ps::<3>(s), b4));
         }};
     }
     let mut r = 0;
     while r + 4 <= rows {
         let mut i = 0;
         while i + 4 <= m {
-            tile!(4, 4, i, r);
+            tile!(4, 4, i, r, finish_4x4);
             i += 4;
         }
         while i < m {
-            tile!(1, 4, i, r);
+            tile!(1, 4, i, r, finish_each);
             i += 1;
         }
         r += 4;
@@ -292,11 +388,11 @@ unsafe fn block_avx512(x: &[f32], m: usize, w: &[f32], rows: usize, k: usize, ou
     while r < rows {
         let mut i = 0;
         while i + 4 <= m {
-            tile!(4, 1, i, r);
+            tile!(4, 1, i, r, finish_each);
             i += 4;
         }
         while i < m {
-            tile!(1, 1, i, r);
+            tile!(1, 1, i, r, finish_each);
             i += 1;
         }
         r += 1;
@@ -309,13 +405,26 @@ mod tests {
 
     #[test]
     fn portable_and_dispatched_blocks_agree() {
+        // Whole 4 × 4 tiles and every kind of edge tile, with and without a bias.
         let (m, rows, k) = (6, 9, 37);
         let x: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
         let w: Vec<f32> = (0..rows * k).map(|i| (i % 5) as f32 - 2.0).collect();
-        let (mut a, mut b) = (vec![0f32; rows * m], vec![0f32; rows * m]);
-        block(&x, m, &w, rows, k, &mut a);
-        block_portable(&x, m, &w, rows, k, &mut b);
-        assert_eq!(a, b, "small integers: both sums are exact");
+        let bias: Vec<f32> = (0..rows).map(|r| r as f32 - 4.0).collect();
+        for bias in [None, Some(bias.as_slice())] {
+            // y at a row stride wider than `rows`, as a task writes its columns of `y`.
+            let ys = rows + 3;
+            let (mut a, mut b) = (vec![7f32; m * ys], vec![7f32; m * ys]);
+            // SAFETY: both buffers hold m rows of ys >= rows floats.
+            unsafe {
+                block(&x, m, &w, rows, k, bias, a.as_mut_ptr(), ys);
+                block_portable(&x, m, &w, rows, k, bias, b.as_mut_ptr(), ys);
+            }
+            assert_eq!(a, b, "small integers: both sums are exact");
+            assert!(
+                a.chunks(ys).all(|row| row[rows..] == [7.0; 3]),
+                "only `rows` columns written"
+            );
+        }
     }
 
     #[test]
@@ -332,6 +441,8 @@ mod tests {
             (33, 65, 17),
             (40, 130, 300),
             (70, 64, 129),
+            (96, 65, 17),
+            (101, 130, 300),
         ] {
             let x: Vec<f32> = (0..m * k)
                 .map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0)

@@ -74,6 +74,41 @@ pub(crate) fn cpu_f32(storage: &Storage) -> candle::Result<&[f32]> {
     }
 }
 
+/// Below this many elements [`map_cpu_f32`] runs on the calling thread.
+const MAP_PARALLEL_MIN: usize = 1 << 15;
+
+/// `f` applied to every element of a CPU `f32` tensor outside any autograd graph, as a new
+/// contiguous tensor of the same shape, on rayon's pool when large; `None` for anything else
+/// (another device or dtype, a tensor tracking its gradient), which the caller computes with
+/// candle's ops.
+pub(crate) fn map_cpu_f32(
+    xs: &candle::Tensor,
+    f: fn(f32) -> f32,
+) -> candle::Result<Option<candle::Tensor>> {
+    use rayon::prelude::*;
+    if !xs.device().is_cpu() || xs.dtype() != candle::DType::F32 || xs.track_op() {
+        return Ok(None);
+    }
+    let xs = xs.contiguous()?;
+    let ys = {
+        let (storage, layout) = xs.storage_and_layout();
+        let src = &cpu_f32(&storage)?[layout.start_offset()..][..xs.elem_count()];
+        let mut ys = vec![0f32; src.len()];
+        let apply =
+            |(d, s): (&mut [f32], &[f32])| d.iter_mut().zip(s).for_each(|(d, &v)| *d = f(v));
+        if src.len() >= MAP_PARALLEL_MIN {
+            let chunk = MAP_PARALLEL_MIN / 2;
+            ys.par_chunks_mut(chunk)
+                .zip(src.par_chunks(chunk))
+                .for_each(apply);
+        } else {
+            apply((&mut ys, src));
+        }
+        ys
+    };
+    candle::Tensor::from_vec(ys, xs.shape(), xs.device()).map(Some)
+}
+
 /// `a · b + c`, fused (one rounding) when `FMA`: only use `FMA = true` in code compiled with
 /// the `fma` target feature, where it is a single instruction (a libm call otherwise).
 #[inline(always)]
@@ -82,5 +117,37 @@ pub(crate) fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
         a.mul_add(b, c)
     } else {
         a * b + c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::transformer::Activation;
+    use candle::{Device, Tensor, Var};
+
+    /// The CPU path of the activations (`map_cpu_f32`, serial and on the pool) gives exactly
+    /// candle's values; tensors it does not take (tracking a gradient, another dtype) still get
+    /// candle's op.
+    #[test]
+    fn activations_on_the_cpu_path_equal_candles_ops() -> candle::Result<()> {
+        for len in [7, 70_000] {
+            let xs = Tensor::randn(0f32, 3.0, (len,), &Device::Cpu)?;
+            for (act, want) in [
+                (Activation::Silu, xs.silu()?),
+                (Activation::Relu, xs.relu()?),
+            ] {
+                let got = act.apply(&xs)?;
+                assert_eq!(got.to_vec1::<f32>()?, want.to_vec1::<f32>()?, "{act:?}, {len}");
+                // A strided view is made contiguous first.
+                let view = xs.reshape((len, 1))?.t()?;
+                assert_eq!(act.apply(&view)?.dims(), &[1, len]);
+            }
+        }
+        let var = Var::randn(0f32, 1.0, (3, 4), &Device::Cpu)?;
+        assert!(super::map_cpu_f32(var.as_tensor(), |v| v)?.is_none());
+        let half = Tensor::ones((2,), candle::DType::F16, &Device::Cpu)?;
+        assert!(super::map_cpu_f32(&half, |v| v)?.is_none());
+        assert_eq!(Activation::Silu.apply(&half)?.dtype(), candle::DType::F16);
+        Ok(())
     }
 }
