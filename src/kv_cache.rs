@@ -145,12 +145,87 @@ impl KvCache {
             // cache per step instead of one). The spare positions are never read.
             // (`contiguous` is free for the buffers `append` makes; it guards the autograd
             // path, whose concatenation may return a strided view.)
-            let k = kv.0.contiguous()?.index_select(rows, 0)?;
-            let v = kv.1.contiguous()?.index_select(rows, 0)?;
+            let gather = |buf: &Tensor| -> candle::Result<Tensor> {
+                let buf = buf.contiguous()?;
+                match gather_rows_cpu(&buf, rows, self.len)? {
+                    Some(gathered) => Ok(gathered),
+                    None => buf.index_select(rows, 0),
+                }
+            };
+            let (k, v) = (gather(&kv.0)?, gather(&kv.1)?);
             self.buffers = Some(Arc::new((k, v)));
         }
         Ok(())
     }
+}
+
+/// Rows `rows` (`U32`) of a contiguous CPU buffer `(B, H, capacity, head_dim)`, copying only
+/// the first `len` positions of each (row, head) and zero-filling the spare capacity, in one
+/// pass; `None` for anything else (another device, a tensor tracking its gradient, a dtype
+/// without a case here), which the caller gathers with `index_select`. Beam search reorders
+/// every step: candle's `index_select` zeroes the whole output and then copies every position,
+/// spare ones included (5% of a MarianMT beam-search step at 32 rows).
+fn gather_rows_cpu(buf: &Tensor, rows: &Tensor, len: usize) -> candle::Result<Option<Tensor>> {
+    use candle::{CpuStorage, Storage};
+    if !buf.device().is_cpu()
+        || buf.track_op()
+        || !buf.is_contiguous()
+        || rows.dtype() != candle::DType::U32
+        || rows.rank() != 1
+    {
+        return Ok(None);
+    }
+    let (b, h, cap, d) = buf.dims4()?;
+    let ids = rows.to_vec1::<u32>()?;
+    if let Some(&bad) = ids.iter().find(|&&r| r as usize >= b) {
+        candle::bail!("kv cache: row {bad} does not exist, the cache has {b} rows")
+    }
+    let (valid, block) = (len.min(cap) * d, cap * d);
+    fn gather<T: Copy + Default>(
+        src: &[T],
+        ids: &[u32],
+        h: usize,
+        block: usize,
+        valid: usize,
+    ) -> Vec<T> {
+        let mut out = Vec::with_capacity(ids.len() * h * block);
+        for &r in ids {
+            for head in 0..h {
+                let start = (r as usize * h + head) * block;
+                out.extend_from_slice(&src[start..start + valid]);
+                out.resize(out.len() + block - valid, T::default());
+            }
+        }
+        out
+    }
+    let shape = (ids.len(), h, cap, d);
+    let (storage, layout) = buf.storage_and_layout();
+    let start = layout.start_offset();
+    let n = b * h * block;
+    let gathered = match &*storage {
+        Storage::Cpu(CpuStorage::F32(s)) => Tensor::from_vec(
+            gather(&s[start..start + n], &ids, h, block, valid),
+            shape,
+            buf.device(),
+        )?,
+        Storage::Cpu(CpuStorage::F16(s)) => Tensor::from_vec(
+            gather(&s[start..start + n], &ids, h, block, valid),
+            shape,
+            buf.device(),
+        )?,
+        Storage::Cpu(CpuStorage::BF16(s)) => Tensor::from_vec(
+            gather(&s[start..start + n], &ids, h, block, valid),
+            shape,
+            buf.device(),
+        )?,
+        Storage::Cpu(CpuStorage::F64(s)) => Tensor::from_vec(
+            gather(&s[start..start + n], &ids, h, block, valid),
+            shape,
+            buf.device(),
+        )?,
+        _ => return Ok(None),
+    };
+    Ok(Some(gathered))
 }
 
 /// The encoder memory `(B, S, E)` of one encoder-decoder attention block, projected to keys and
@@ -428,6 +503,30 @@ mod tests {
         assert_eq!(cache.len(), 3);
         let (orig, _) = cache.keys_values().unwrap().unwrap();
         assert_eq!(orig.dims(), &[2, 2, 3, 2]);
+    }
+
+    /// The CPU row gather equals `index_select` on the valid positions (f32 and bf16, rows
+    /// repeated and dropped), zero-fills the spare capacity, leaves other index dtypes to
+    /// `index_select`, and names a row that does not exist.
+    #[test]
+    fn cpu_row_gather_equals_index_select_on_the_valid_prefix() -> candle::Result<()> {
+        let dev = Device::Cpu;
+        let buf = Tensor::arange(0f32, 3.0 * 2.0 * 5.0 * 4.0, &dev)?.reshape((3, 2, 5, 4))?;
+        let rows = Tensor::new(&[2u32, 0, 2, 2], &dev)?;
+        for dtype in [DType::F32, DType::BF16] {
+            let buf = buf.to_dtype(dtype)?;
+            let got = gather_rows_cpu(&buf, &rows, 3)?.expect("a CPU buffer takes the CPU path");
+            assert_eq!(got.dims(), &[4, 2, 5, 4]);
+            let want = buf.index_select(&rows, 0)?.narrow(2, 0, 3)?;
+            let as_f32 = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
+            assert_eq!(as_f32(&got.narrow(2, 0, 3)?)?, as_f32(&want)?);
+            assert!(as_f32(&got.narrow(2, 3, 2)?)?.iter().all(|&x| x == 0.0));
+        }
+        let wide = Tensor::new(&[1i64, 0], &dev)?;
+        assert!(gather_rows_cpu(&buf, &wide, 3)?.is_none());
+        let err = gather_rows_cpu(&buf, &Tensor::new(&[3u32], &dev)?, 3).unwrap_err();
+        assert!(err.to_string().contains("row 3 does not exist"), "{err}");
+        Ok(())
     }
 
     #[test]

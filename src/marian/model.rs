@@ -610,24 +610,51 @@ impl MarianDecodeState {
     }
 }
 
-/// `log_softmax` over the last dimension of `(rows, V)` `f32` logits. On the CPU the generation
-/// processors' row-wise pass (max, sum, write) in place, rows in parallel: candle's composed op
-/// makes five passes and as many `(rows, V)` buffers, which at beam-search sizes (32 × 58101)
-/// costs more than the output projection. Elsewhere, candle's op.
-fn log_softmax_rows(logits: &Tensor) -> candle::Result<Tensor> {
-    use rayon::prelude::*;
+/// `log_softmax` over the last dimension of `(rows, V)` `f32` logits, which it consumes. On the
+/// CPU the generation processors' row-wise pass (max, sum, write) runs in place in the logits'
+/// own buffer, rows in parallel: candle's composed op makes five passes and as many
+/// `(rows, V)` buffers, which at beam-search sizes (32 × 58101) costs more than the output
+/// projection, and even one copy of the logits per step is 3% of a beam-search step. The
+/// logits must be a tensor nothing else reads (the output projection's fresh result): its
+/// storage is overwritten. Elsewhere (GPU, autograd), candle's op.
+fn log_softmax_rows(logits: Tensor) -> candle::Result<Tensor> {
     if !logits.device().is_cpu() || logits.track_op() {
-        return candle_nn::ops::log_softmax(logits, D::Minus1);
+        return candle_nn::ops::log_softmax(&logits, D::Minus1);
     }
-    let (rows, v) = logits.dims2()?;
-    let mut values = logits.flatten_all()?.to_vec1::<f32>()?;
-    values.par_chunks_mut(v.max(1)).for_each(|row| {
-        // A row with every token impossible stays -inf (instead of -inf - -inf = NaN).
-        if row.iter().any(|&z| z > f32::NEG_INFINITY) {
-            log_softmax_in_place(row);
-        }
-    });
-    Tensor::from_vec(values, (rows, v), logits.device())
+    let logits = logits.contiguous()?;
+    logits.inplace_op1(&LogSoftmaxRows)?;
+    Ok(logits)
+}
+
+/// The in-place CPU pass of [`log_softmax_rows`], as a candle in-place op (the sanctioned way
+/// to write into a tensor's storage).
+struct LogSoftmaxRows;
+
+impl candle::InplaceOp1 for LogSoftmaxRows {
+    fn name(&self) -> &'static str {
+        "log-softmax-rows"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &mut candle::CpuStorage,
+        layout: &candle::Layout,
+    ) -> candle::Result<()> {
+        use rayon::prelude::*;
+        let v = layout.dims().last().copied().unwrap_or(1).max(1);
+        let (Some((start, end)), candle::CpuStorage::F32(values)) =
+            (layout.contiguous_offsets(), storage)
+        else {
+            candle::bail!("log-softmax-rows: expected contiguous f32 logits, got {layout:?}")
+        };
+        values[start..end].par_chunks_mut(v).for_each(|row| {
+            // A row with every token impossible stays -inf (instead of -inf - -inf = NaN).
+            if row.iter().any(|&z| z > f32::NEG_INFINITY) {
+                log_softmax_in_place(row);
+            }
+        });
+        Ok(())
+    }
 }
 
 /// One token per row in, `(rows, V)` next-token log-probabilities (`f32`) out.
@@ -650,7 +677,7 @@ impl StepDecoder for MarianMTModel {
         }
         let ids = Tensor::from_slice(tokens, (tokens.len(), 1), self.device())?;
         let logits = self.step_checked(state, &ids)?.squeeze(1)?;
-        log_softmax_rows(&logits.to_dtype(DType::F32)?)
+        log_softmax_rows(logits.to_dtype(DType::F32)?)
     }
 
     fn reorder(&self, state: &mut MarianDecodeState, rows: &[u32]) -> candle::Result<()> {

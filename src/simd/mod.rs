@@ -137,7 +137,11 @@ mod tests {
                 (Activation::Relu, xs.relu()?),
             ] {
                 let got = act.apply(&xs)?;
-                assert_eq!(got.to_vec1::<f32>()?, want.to_vec1::<f32>()?, "{act:?}, {len}");
+                assert_eq!(
+                    got.to_vec1::<f32>()?,
+                    want.to_vec1::<f32>()?,
+                    "{act:?}, {len}"
+                );
                 // A strided view is made contiguous first.
                 let view = xs.reshape((len, 1))?.t()?;
                 assert_eq!(act.apply(&view)?.dims(), &[1, len]);
