@@ -264,17 +264,29 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
         args.max_new_tokens,
         args.min_new_tokens,
     )?;
-    let model = load_model(&args.model, &device)?;
-    let inputs = TensorFile::open(&args.inputs)?;
-    let input_ids = read_ids(&inputs, "input_ids", &device)?;
-    let attention_mask = read_ids(&inputs, "attention_mask", &device)?;
-    let batch = input_ids.dim(0)?;
-    let state = model
-        .start(&input_ids, &attention_mask)
-        .context("encoding the inputs")?;
-    let (ids, shape) = generate_padded(&model, state, batch, &cfg).context("generating")?;
+    let (ids, shape) = on_rayon_pool(|| -> anyhow::Result<_> {
+        let model = load_model(&args.model, &device)?;
+        let inputs = TensorFile::open(&args.inputs)?;
+        let input_ids = read_ids(&inputs, "input_ids", &device)?;
+        let attention_mask = read_ids(&inputs, "attention_mask", &device)?;
+        let batch = input_ids.dim(0)?;
+        let state = model
+            .start(&input_ids, &attention_mask)
+            .context("encoding the inputs")?;
+        generate_padded(&model, state, batch, &cfg).context("generating")
+    })?;
     let ids: Vec<i64> = ids.into_iter().map(i64::from).collect();
     let sequences = Tensor::from_vec(ids, shape, &device)?;
     save_tensors(&[("sequences", &sequences)], &args.output)?;
     Ok(())
+}
+
+/// Runs `work` on a thread of rayon's pool and returns its result. The kernels split each
+/// projection and attention call over the pool; called from a pool thread, that thread takes
+/// part and no thread outside the pool waits to be woken at the end of each of the ~50
+/// parallel loops of a decoding step.
+pub(crate) fn on_rayon_pool<T: Send>(work: impl FnOnce() -> T + Send) -> T {
+    let mut result = None;
+    rayon::scope(|s| s.spawn(|_| result = Some(work())));
+    result.expect("a rayon scope runs its spawned job before returning")
 }

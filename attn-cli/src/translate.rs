@@ -115,7 +115,9 @@ fn run_marian(args: &TranslateArgs, dir: &std::path::Path, heads: Heads) -> anyh
     let generation = crate::marian::generation_config(dir, args.beam, args.max_new_tokens, None)?;
     let translator = translator.with_generation_config(generation);
     let texts = input_texts(args)?;
-    let failed = print_results(&texts, translator.translate(&texts)?);
+    // On rayon's pool, as `attn generate` (see `on_rayon_pool`).
+    let translations = crate::marian::on_rayon_pool(|| translator.translate(&texts))?;
+    let failed = print_results(&texts, translations);
     draw_first(args, heads, &texts, |text| {
         Ok(translator.cross_attention(text, args.layer)?)
     })?;
