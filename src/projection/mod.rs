@@ -23,7 +23,9 @@
 //! rebuilt, a copy, only if something asks for it); otherwise as a transposed view of the
 //! tensor given (a `Var` stays live: an optimizer's update is seen by the next forward pass).
 
+mod bf16;
 mod gemm;
+mod half;
 pub mod mapped;
 
 #[cfg(target_arch = "x86_64")]
@@ -46,6 +48,13 @@ enum Weight {
     /// projection is columns `col0 .. col0 + out` of them.
     Packed {
         panels: Tensor,
+        col0: usize,
+        out: usize,
+    },
+    /// A CPU `bf16`/`f16` constant packed for [`half`] (bf16 pair panels, or `f32` panels
+    /// for `f16`); this projection is columns `col0 .. col0 + out` of them.
+    Half {
+        panels: half::HalfPanels,
         col0: usize,
         out: usize,
     },
@@ -97,13 +106,22 @@ impl Projection {
             }
         }
         let packable = is_cpu_constant_f32(weight) && bias.as_ref().is_none_or(is_cpu_constant_f32);
-        // The packed path reads the bias in place on every call: make it contiguous once here
+        let half_packable = is_cpu_constant_half(weight)
+            && half::packs(weight.dtype())
+            && bias.as_ref().is_none_or(is_cpu_constant_half);
+        // The packed paths read the bias in place on every call: make it contiguous once here
         // (its narrowings by `narrow_outputs` stay contiguous).
         let bias = match bias {
-            Some(b) if packable => Some(b.contiguous()?),
+            Some(b) if packable || half_packable => Some(b.contiguous()?),
             b => b,
         };
-        let weight = if packable {
+        let weight = if half_packable {
+            Weight::Half {
+                panels: half::HalfPanels::pack(weight)?,
+                col0: 0,
+                out,
+            }
+        } else if packable {
             let w = weight.flatten_all()?.to_vec1::<f32>()?;
             let panels = out.div_ceil(PANEL);
             let mut packed = vec![0f32; panels * inp * PANEL];
@@ -185,6 +203,11 @@ impl Projection {
                 col0: col0 + start,
                 out: len,
             },
+            Weight::Half { panels, col0, .. } => Weight::Half {
+                panels: panels.clone(),
+                col0: col0 + start,
+                out: len,
+            },
             Weight::Mapped(w) => {
                 Weight::Mapped(w.narrow_rows(start, len).ok_or_else(|| {
                     candle::Error::Msg("internal: mapped rows out of range".into())
@@ -214,6 +237,7 @@ impl Projection {
                     .narrow(1, *col0, *out)?
                     .contiguous()
             }
+            Weight::Half { panels, col0, out } => panels.transposed(*col0, *out),
             Weight::Mapped(w) => {
                 Tensor::from_slice(w.data(), (w.rows(), w.cols()), &Device::Cpu)?.t()
             }
@@ -237,6 +261,7 @@ impl Projection {
         match &self.weight {
             Weight::View(wt) => wt.dims()[0],
             Weight::Packed { panels, .. } => panels.dims()[1],
+            Weight::Half { panels, .. } => panels.in_features(),
             Weight::Mapped(w) => w.cols(),
             Weight::Rows(w) => w.dims()[1],
         }
@@ -246,7 +271,7 @@ impl Projection {
     pub fn out_features(&self) -> usize {
         match &self.weight {
             Weight::View(wt) => wt.dims()[1],
-            Weight::Packed { out, .. } => *out,
+            Weight::Packed { out, .. } | Weight::Half { out, .. } => *out,
             Weight::Mapped(w) => w.rows(),
             Weight::Rows(w) => w.dims()[0],
         }
@@ -256,6 +281,7 @@ impl Projection {
     pub fn dtype(&self) -> DType {
         match &self.weight {
             Weight::View(wt) => wt.dtype(),
+            Weight::Half { panels, .. } => panels.dtype(),
             Weight::Packed { .. } | Weight::Mapped(_) | Weight::Rows(_) => DType::F32,
         }
     }
@@ -265,7 +291,7 @@ impl Projection {
         match &self.weight {
             Weight::View(wt) => wt.device(),
             Weight::Packed { panels, .. } => panels.device(),
-            Weight::Mapped(_) | Weight::Rows(_) => &Device::Cpu,
+            Weight::Half { .. } | Weight::Mapped(_) | Weight::Rows(_) => &Device::Cpu,
         }
     }
 }
@@ -310,6 +336,12 @@ impl Module for Projection {
                 return y.reshape(out_dims);
             }
         }
+        if let Weight::Half { panels, col0, .. } = &self.weight {
+            if is_cpu_constant_half(x) {
+                let y = panels.linear(&x.contiguous()?, m, *col0, n, self.bias.as_ref())?;
+                return y.reshape(out_dims);
+            }
+        }
         // `W` read row by row where it lies: a mapped file or a shared tensor.
         let rows_guard = match &self.weight {
             Weight::Rows(w) => Some(w.storage_and_layout()),
@@ -345,6 +377,13 @@ impl Module for Projection {
 /// A CPU `f32` tensor outside any autograd graph.
 fn is_cpu_constant_f32(t: &Tensor) -> bool {
     matches!(t.device(), Device::Cpu) && t.dtype() == DType::F32 && !t.track_op()
+}
+
+/// A CPU `bf16` or `f16` tensor outside any autograd graph.
+fn is_cpu_constant_half(t: &Tensor) -> bool {
+    matches!(t.device(), Device::Cpu)
+        && matches!(t.dtype(), DType::BF16 | DType::F16)
+        && !t.track_op()
 }
 
 /// The packed path: contiguous `x` with `m` rows of `k` features → `(m, n)`.
