@@ -113,7 +113,11 @@ fn narrowed_half_projections_equal_their_rows() {
             // The weight and bias a user reads back are the rows given, exactly.
             let back = q.weight().unwrap();
             assert_eq!(back.dtype(), dtype);
-            assert_eq!(values(&back), values(&wn), "{dtype:?} weight() rows {start}");
+            assert_eq!(
+                values(&back),
+                values(&wn),
+                "{dtype:?} weight() rows {start}"
+            );
             assert_eq!(values(q.bias().unwrap()), values(&bn));
         }
     }
@@ -143,7 +147,10 @@ fn half_projection_takes_any_rank_and_strided_inputs() {
             .forward(&x.to_dtype(DType::F32).unwrap())
             .unwrap_err()
             .to_string();
-        assert!(err.contains("F32") && err.contains(&format!("{dtype:?}")), "{err}");
+        assert!(
+            err.contains("F32") && err.contains(&format!("{dtype:?}")),
+            "{err}"
+        );
     }
 }
 
@@ -196,7 +203,8 @@ fn half_round(v: f32, dtype: DType) -> f64 {
 #[test]
 fn half_self_attention_follows_f32() {
     let (e, h, n) = (64, 4, 13);
-    let scaled = |shape: &[usize], seed| (rand(shape, seed, DType::F32) / (e as f64).sqrt()).unwrap();
+    let scaled =
+        |shape: &[usize], seed| (rand(shape, seed, DType::F32) / (e as f64).sqrt()).unwrap();
     let mut tensors = HashMap::new();
     tensors.insert("in_proj_weight".to_string(), scaled(&[3 * e, e], 60));
     tensors.insert("in_proj_bias".to_string(), scaled(&[3 * e], 61));

@@ -62,8 +62,46 @@ pub(super) fn pack_row_pairs(x: &[u16], k: usize, xp: &mut [u32]) {
     assert!(k > 0 && x.len().is_multiple_of(k) && xp.len() >= x.len().div_ceil(R * k) * R * k2);
     for (group, dst) in x.chunks(R * k).zip(xp.chunks_mut(R * k2)) {
         for (i, row) in group.chunks_exact(k).enumerate() {
-            for (p, pair) in row.chunks(2).enumerate() {
-                dst[p * R + i] = pair_bits(pair);
+            let pairs = row.chunks_exact(2);
+            let odd = pairs.remainder();
+            for (p, pair) in pairs.enumerate() {
+                dst[p * R + i] = pair[0] as u32 | (pair[1] as u32) << 16;
+            }
+            if !odd.is_empty() {
+                dst[(k2 - 1) * R + i] = pair_bits(odd);
+            }
+        }
+    }
+}
+
+/// bf16 bits of `v` rounded to nearest even (a quiet NaN for NaN), as `half::bf16::from_f32`
+/// but branch free, so that a row of them vectorises.
+#[inline(always)]
+pub(super) fn round_bf16(v: f32) -> u16 {
+    let b = v.to_bits();
+    let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
+    if v.is_nan() {
+        ((b >> 16) as u16) | 0x40
+    } else {
+        rounded
+    }
+}
+
+/// `dst[i]` = the bf16 bits of `src[i]` rounded to nearest even (`vcvtneps2bf16` with
+/// [`Kernel::Avx512Bf16`], which also flushes results below bf16's normal range, 1.2e-38,
+/// to zero, as the multiply-adds flush their inputs).
+pub(super) fn round_row(kernel: Kernel, src: &[f32], dst: &mut [u16]) {
+    assert!(dst.len() <= src.len());
+    match kernel {
+        // SAFETY: `Kernel::Avx512Bf16` exists only after AVX-512F/BW/VL/BF16 were detected;
+        // `src` has at least `dst.len()` values.
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512Bf16 => unsafe {
+            avx512::round_row(src.as_ptr(), dst.as_mut_ptr(), dst.len())
+        },
+        Kernel::Portable => {
+            for (d, &s) in dst.iter_mut().zip(src) {
+                *d = round_bf16(s);
             }
         }
     }
@@ -205,6 +243,29 @@ mod avx512 {
         }
     }
 
+    /// [`super::round_row`]: `len` values of `src` rounded into `dst`, 16 at a time.
+    ///
+    /// # Safety
+    /// AVX-512F, BW, VL and BF16 available; `src` readable and `dst` writable for `len`
+    /// values (the masked lanes of the last vector are neither read nor written).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    pub(super) unsafe fn round_row(src: *const f32, dst: *mut u16, len: usize) {
+        let mut i = 0;
+        while i < len {
+            let lanes = (len - i).min(16);
+            let mask: __mmask16 = if lanes == 16 {
+                0xffff
+            } else {
+                (1u16 << lanes) - 1
+            };
+            let v = _mm512_maskz_loadu_ps(mask, src.add(i));
+            // SAFETY: both are 32-byte vectors of 16 × 16 bits.
+            let h = std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(v));
+            _mm256_mask_storeu_epi16(dst.add(i).cast(), mask, h);
+            i += 16;
+        }
+    }
+
     /// [`accumulate`] for `w = 16 * (NV - 1) + popcount(tail)` columns.
     ///
     /// # Safety
@@ -294,6 +355,46 @@ mod avx512 {
 mod tests {
     use super::*;
 
+    /// Both roundings agree with `half`'s (round to nearest even) on ties, carries into the
+    /// exponent, infinities, NaN and odd lengths (the masked tail).
+    #[test]
+    fn rounding_matches_half() {
+        let mut src: Vec<f32> = vec![
+            1.0,
+            -1.0,
+            f32::from_bits(0x3f80_8000), // a tie, even below: stays 0x3f80
+            f32::from_bits(0x3f81_8000), // a tie, odd below: up to 0x3f82
+            f32::from_bits(0x3f80_8001), // just above a tie: up
+            f32::from_bits(0x3fff_ffff), // carries into the exponent
+            f32::MAX,                    // rounds to infinity
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            0.0,
+            -0.0,
+            65504.0,
+            3.140_625,
+            -2.5e-3,
+            1e30,
+            7.0,
+        ];
+        src.extend((0..40).map(|i| (i as f32 * 0.377).sin() * 1e3));
+        for kernel in [Kernel::detect(false), Kernel::Portable] {
+            for len in [0, 1, 15, 16, 17, src.len()] {
+                let mut dst = vec![0u16; len];
+                round_row(kernel, &src[..len], &mut dst);
+                for (i, (&d, &s)) in dst.iter().zip(&src).enumerate() {
+                    let want = half::bf16::from_f32(s);
+                    if s.is_nan() {
+                        assert!(half::bf16::from_bits(d).is_nan(), "{kernel:?} NaN");
+                    } else {
+                        assert_eq!(d, want.to_bits(), "{kernel:?} [{i}] = {s}");
+                    }
+                }
+            }
+        }
+    }
+
     /// Small integers times powers of two: exact in bf16, and their products and sums exact
     /// in f32, so every kernel must give the reference bit for bit.
     fn exact_bf16(len: usize, seed: u32) -> Vec<u16> {
@@ -333,7 +434,11 @@ mod tests {
                         for kk in 0..k {
                             s += bf16_to_f32(x[i * k + kk]) * bf16_to_f32(wt[j * k + kk]);
                         }
-                        assert_eq!(acc[i * PANEL + j], s, "{kernel:?} m={m} k={k} n={n} ({i}, {j})");
+                        assert_eq!(
+                            acc[i * PANEL + j],
+                            s,
+                            "{kernel:?} m={m} k={k} n={n} ({i}, {j})"
+                        );
                     }
                     for j in n..PANEL {
                         assert_eq!(acc[i * PANEL + j], 0.5, "{kernel:?} wrote past column {n}");

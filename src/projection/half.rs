@@ -210,7 +210,9 @@ impl HalfPanels {
             PanelData::F32(panels) => gemm(&op, Panels::F32(panels, Isa::detect(false))),
         };
         match self.dtype {
-            DType::BF16 => Tensor::from_vec(y.reinterpret_into::<half::bf16>(), (m, n), &Device::Cpu),
+            DType::BF16 => {
+                Tensor::from_vec(y.reinterpret_into::<half::bf16>(), (m, n), &Device::Cpu)
+            }
             _ => Tensor::from_vec(y.reinterpret_into::<half::f16>(), (m, n), &Device::Cpu),
         }
     }
@@ -322,9 +324,8 @@ pub(super) fn gemm(op: &Operands, panels: Panels) -> Vec<u16> {
             match panels {
                 Panels::Bf16(pp, kernel) => {
                     // SAFETY: as at the packing above; shared reads only.
-                    let xg: &[u32] = unsafe {
-                        std::slice::from_raw_parts(xg.as_ptr().cast::<u32>(), xg.len())
-                    };
+                    let xg: &[u32] =
+                        unsafe { std::slice::from_raw_parts(xg.as_ptr().cast::<u32>(), xg.len()) };
                     let panel = &pp[p * panel_len + within..(p + 1) * panel_len];
                     let mut p0 = 0;
                     while p0 < k2 {
@@ -388,19 +389,6 @@ pub(super) fn gemm(op: &Operands, panels: Panels) -> Vec<u16> {
     y
 }
 
-/// bf16 bits of `v` rounded to nearest even (a quiet NaN for NaN), as `half::bf16::from_f32`
-/// but branch free, so that a row of them vectorises.
-#[inline(always)]
-fn round_bf16(v: f32) -> u16 {
-    let b = v.to_bits();
-    let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
-    if v.is_nan() {
-        ((b >> 16) as u16) | 0x40
-    } else {
-        rounded
-    }
-}
-
 /// Packs f16 rows (`k` inputs each) into `f32` groups of [`R`], the f32 micro-kernel's
 /// layout: row `i`, input `kk` goes to `xp[(i / R) * R * k + kk * R + i % R]`.
 fn pack_rows_f16(rows: &[u16], k: usize, xp: &mut [f32]) {
@@ -420,14 +408,155 @@ fn pack_rows_f16(rows: &[u16], k: usize, xp: &mut [f32]) {
 /// Rounds `src` (`f32`) to the output dtype (nearest even; NaN stays NaN) into `dst`.
 fn round_row(panels: Panels, src: &[f32], dst: &mut [u16]) {
     match panels {
-        Panels::Bf16(..) => {
-            for (d, &s) in dst.iter_mut().zip(src) {
-                *d = round_bf16(s);
-            }
-        }
+        Panels::Bf16(_, kernel) => bf16::round_row(kernel, src, dst),
         Panels::F32(..) => {
             let dst: &mut [half::f16] = dst.reinterpret_cast_mut();
             dst.convert_from_f32_slice(src);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Multiples of 1/8 in [-1, 1]: exact in bf16 and f16, their products and sums exact in
+    /// `f32`, so every output is the exact sum rounded once, whatever the summation order.
+    fn exact(len: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                ((s % 17) as f32 - 8.0) / 8.0
+            })
+            .collect()
+    }
+
+    /// The driver with every kernel (so that Miri checks its index arithmetic through the
+    /// portable ones) against the exact result, at the edges of the row blocks (72), the
+    /// panels (64), the chunks (128 pairs, 128 inputs), the micro-tiles (6) and the pairs
+    /// (odd `k`), with products starting inside a panel.
+    #[test]
+    fn gemm_gives_the_exact_sum_rounded_once() {
+        let shapes = [
+            (1, 1, 1, 0),
+            (7, 3, 17, 60),
+            (5, 9, 70, 1),
+            (73, 257, 65, 64),
+            (13, 300, 130, 37),
+        ];
+        let shapes = if cfg!(miri) {
+            &shapes[..3]
+        } else {
+            &shapes[..]
+        };
+        for &(m, k, n, col0) in shapes {
+            let total = col0 + n + 3;
+            let w = exact(total * k, 2 + n as u32); // W (total, k)
+            let x = exact(m * k, 1 + m as u32);
+            let b = exact(n, 3);
+            let bf =
+                |v: &[f32]| -> Vec<u16> { v.iter().map(|&v| (v.to_bits() >> 16) as u16).collect() };
+            let f16 = |v: &[f32]| -> Vec<u16> {
+                v.iter()
+                    .map(|&v| half::f16::from_f32(v).to_bits())
+                    .collect()
+            };
+            let pairs = bf16::pack_weight_pairs(&bf(&w), total, k);
+            let mut f32_panels = vec![0f32; total.div_ceil(PANEL) * k * PANEL];
+            for (c, row) in w.chunks_exact(k).enumerate() {
+                for (kk, &v) in row.iter().enumerate() {
+                    f32_panels[(c / PANEL) * k * PANEL + kk * PANEL + c % PANEL] = v;
+                }
+            }
+            let (xb, xh) = (bf(&x), f16(&x));
+            for bias in [None, Some(&b[..])] {
+                let exact_y = |i: usize, j: usize| {
+                    let s: f32 = (0..k)
+                        .map(|kk| x[i * k + kk] * w[(col0 + j) * k + kk])
+                        .sum();
+                    s + bias.map_or(0.0, |b| b[j])
+                };
+                let mut runs = vec![
+                    (
+                        gemm(
+                            &Operands {
+                                x: &xb,
+                                m,
+                                k,
+                                col0,
+                                n,
+                                bias,
+                            },
+                            Panels::Bf16(&pairs, Kernel::Portable),
+                        ),
+                        true,
+                    ),
+                    (
+                        gemm(
+                            &Operands {
+                                x: &xh,
+                                m,
+                                k,
+                                col0,
+                                n,
+                                bias,
+                            },
+                            Panels::F32(&f32_panels, Isa::Portable),
+                        ),
+                        false,
+                    ),
+                ];
+                if !cfg!(miri) {
+                    runs.push((
+                        gemm(
+                            &Operands {
+                                x: &xb,
+                                m,
+                                k,
+                                col0,
+                                n,
+                                bias,
+                            },
+                            Panels::Bf16(&pairs, Kernel::detect(false)),
+                        ),
+                        true,
+                    ));
+                    runs.push((
+                        gemm(
+                            &Operands {
+                                x: &xh,
+                                m,
+                                k,
+                                col0,
+                                n,
+                                bias,
+                            },
+                            Panels::F32(&f32_panels, Isa::detect(false)),
+                        ),
+                        false,
+                    ));
+                }
+                for (r, (y, is_bf16)) in runs.iter().enumerate() {
+                    for i in 0..m {
+                        for j in 0..n {
+                            let e = exact_y(i, j);
+                            let want = if *is_bf16 {
+                                half::bf16::from_f32(e).to_bits()
+                            } else {
+                                half::f16::from_f32(e).to_bits()
+                            };
+                            assert_eq!(
+                                y[i * n + j], want,
+                                "run {r} m={m} k={k} n={n} col0={col0} bias={} at ({i}, {j}): exact {e}",
+                                bias.is_some()
+                            );
+                        }
+                    }
+                }
+            }
         }
     }
 }
