@@ -1,10 +1,11 @@
 //! The half-precision (`bf16`, `f16`) CPU product `y = x · Wᵀ + b` of [`super::Projection`]:
 //! half-precision inputs and outputs, `f32` accumulation, one rounding of each output.
 //!
-//! * **bf16**: the weight is packed once into bf16 pair panels ([`super::bf16`]), the input
-//!   rows into pairs per call, and the `vdpbf16ps` micro-kernel multiplies them (a portable
-//!   kernel where the CPU lacks AVX-512 BF16). Weight memory: the bf16 checkpoint's size
-//!   (plus padding to 64 columns and to an even `k`).
+//! * **bf16** on a CPU with AVX-512 BF16: the weight is packed once into bf16 pair panels
+//!   ([`super::bf16`]), the input rows into pairs per call, and the `vdpbf16ps` micro-kernel
+//!   multiplies them. Weight memory: the bf16 checkpoint's size (plus padding to 64 columns
+//!   and to an even `k`). Without AVX-512 BF16, a bf16 weight takes the f16 route below
+//!   (`f32` panels, the f32 micro-kernel: our f32 speed, exact products as well).
 //! * **f16**: no CPU instruction multiplies f16 into f32 here, so the weight is converted
 //!   once, when the layer is built, into the `f32` panels of the f32 GEMM (twice the f16
 //!   checkpoint's memory for these layers: 4 MiB instead of 2 MiB for the four projections
@@ -68,16 +69,6 @@ impl std::fmt::Debug for HalfPanels {
     }
 }
 
-/// Whether [`HalfPanels::pack`] takes a weight of `dtype`: f16 always, bf16 where the CPU has
-/// AVX-512 BF16 (elsewhere candle's matmul, which converts whole tensors, is the path kept).
-pub(super) fn packs(dtype: DType) -> bool {
-    match dtype {
-        DType::F16 => true,
-        DType::BF16 => bf16::has_avx512bf16(),
-        _ => false,
-    }
-}
-
 /// The bits of a contiguous CPU bf16/f16 tensor's elements.
 fn half_bits<'a>(storage: &'a Storage, t: &Tensor) -> candle::Result<&'a [u16]> {
     let all: &[u16] = match storage {
@@ -104,8 +95,13 @@ fn f16_to_f32(bits: u16) -> f32 {
 
 impl HalfPanels {
     /// Packs `weight` `(out, k)`, a CPU bf16 or f16 tensor (see the module documentation for
-    /// what each keeps in memory).
+    /// what each keeps in memory): bf16 into pair panels where the CPU has AVX-512 BF16.
     pub(super) fn pack(weight: &Tensor) -> candle::Result<Self> {
+        Self::pack_as(weight, bf16::has_avx512bf16())
+    }
+
+    /// [`HalfPanels::pack`], bf16 into pair panels if `pairs`, else into `f32` panels.
+    fn pack_as(weight: &Tensor, pairs: bool) -> candle::Result<Self> {
         let (out, k) = weight.dims2()?;
         let dtype = weight.dtype();
         let weight = weight.contiguous()?;
@@ -114,13 +110,18 @@ impl HalfPanels {
         let panels = out.div_ceil(PANEL);
         let data = match dtype {
             _ if k == 0 => PanelData::F32(Arc::from(Vec::new())),
-            DType::BF16 => PanelData::Bf16(bf16::pack_weight_pairs(w, out, k).into()),
-            DType::F16 => {
+            DType::BF16 if pairs => PanelData::Bf16(bf16::pack_weight_pairs(w, out, k).into()),
+            DType::BF16 | DType::F16 => {
+                let to_f32 = if dtype == DType::BF16 {
+                    bf16::bf16_to_f32
+                } else {
+                    f16_to_f32
+                };
                 let mut packed = vec![0f32; panels * k * PANEL];
                 for (n, row) in w.chunks_exact(k).enumerate() {
                     let base = (n / PANEL) * k * PANEL + n % PANEL;
                     for (kk, &v) in row.iter().enumerate() {
-                        packed[base + kk * PANEL] = f16_to_f32(v);
+                        packed[base + kk * PANEL] = to_f32(v);
                     }
                 }
                 PanelData::F32(packed.into())
@@ -207,7 +208,9 @@ impl HalfPanels {
         };
         let y = match &self.data {
             PanelData::Bf16(panels) => gemm(&op, Panels::Bf16(panels, Kernel::detect(false))),
-            PanelData::F32(panels) => gemm(&op, Panels::F32(panels, Isa::detect(false))),
+            PanelData::F32(panels) => {
+                gemm(&op, Panels::F32(panels, Isa::detect(false), self.dtype))
+            }
         };
         match self.dtype {
             DType::BF16 => {
@@ -237,8 +240,9 @@ pub(super) struct Operands<'a> {
 pub(super) enum Panels<'a> {
     /// bf16 pair panels: inputs are bf16, multiplied by a [`Kernel`].
     Bf16(&'a [u32], Kernel),
-    /// `f32` panels: inputs are f16, converted and multiplied by the f32 micro-kernel.
-    F32(&'a [f32], Isa),
+    /// `f32` panels: inputs of the dtype given (f16, or bf16 without AVX-512 BF16),
+    /// converted and multiplied by the f32 micro-kernel.
+    F32(&'a [f32], Isa, DType),
 }
 
 /// The output pointer shared by the tasks of [`gemm`], each of which writes its own rectangle.
@@ -268,7 +272,7 @@ pub(super) fn gemm(op: &Operands, panels: Panels) -> Vec<u16> {
             assert!(p.len() >= (col0 + n).div_ceil(PANEL) * k2 * PANEL);
             k2 * PANEL
         }
-        Panels::F32(p, _) => {
+        Panels::F32(p, ..) => {
             assert!(p.len() >= (col0 + n).div_ceil(PANEL) * k * PANEL);
             k * PANEL
         }
@@ -304,7 +308,7 @@ pub(super) fn gemm(op: &Operands, panels: Panels) -> Vec<u16> {
                 };
                 bf16::pack_row_pairs(&op.x[..m * k], k, xp32);
             }
-            Panels::F32(..) => pack_rows_f16(&op.x[..m * k], k, xp),
+            Panels::F32(_, _, dtype) => pack_rows_f32(dtype, &op.x[..m * k], k, xp),
         }
         let xp = &*xp;
         let task = |t: usize| {
@@ -343,7 +347,7 @@ pub(super) fn gemm(op: &Operands, panels: Panels) -> Vec<u16> {
                         p0 += kc2;
                     }
                 }
-                Panels::F32(pp, isa) => {
+                Panels::F32(pp, isa, _) => {
                     let panel = &pp[p * panel_len + within..(p + 1) * panel_len];
                     let mut k0 = 0;
                     while k0 < k {
@@ -389,15 +393,21 @@ pub(super) fn gemm(op: &Operands, panels: Panels) -> Vec<u16> {
     y
 }
 
-/// Packs f16 rows (`k` inputs each) into `f32` groups of [`R`], the f32 micro-kernel's
-/// layout: row `i`, input `kk` goes to `xp[(i / R) * R * k + kk * R + i % R]`.
-fn pack_rows_f16(rows: &[u16], k: usize, xp: &mut [f32]) {
-    // Each row converted in bulk first (F16C when the CPU has it), then scattered.
+/// Packs f16 or bf16 rows (`k` inputs each) into `f32` groups of [`R`], the f32
+/// micro-kernel's layout: row `i`, input `kk` goes to `xp[(i / R) * R * k + kk * R + i % R]`.
+fn pack_rows_f32(dtype: DType, rows: &[u16], k: usize, xp: &mut [f32]) {
+    // Each row converted in bulk first (F16C for f16 when the CPU has it), then scattered.
     let mut buf = vec![0f32; k];
     for (group, dst) in rows.chunks(R * k).zip(xp.chunks_mut(R * k)) {
         for (i, row) in group.chunks_exact(k).enumerate() {
-            let row: &[half::f16] = row.reinterpret_cast();
-            row.convert_to_f32_slice(&mut buf);
+            if dtype == DType::BF16 {
+                for (b, &v) in buf.iter_mut().zip(row) {
+                    *b = bf16::bf16_to_f32(v);
+                }
+            } else {
+                let row: &[half::f16] = row.reinterpret_cast();
+                row.convert_to_f32_slice(&mut buf);
+            }
             for (kk, &v) in buf.iter().enumerate() {
                 dst[kk * R + i] = v;
             }
@@ -409,6 +419,7 @@ fn pack_rows_f16(rows: &[u16], k: usize, xp: &mut [f32]) {
 fn round_row(panels: Panels, src: &[f32], dst: &mut [u16]) {
     match panels {
         Panels::Bf16(_, kernel) => bf16::round_row(kernel, src, dst),
+        Panels::F32(_, _, DType::BF16) => bf16::round_row(bf16::Kernel::Portable, src, dst),
         Panels::F32(..) => {
             let dst: &mut [half::f16] = dst.reinterpret_cast_mut();
             dst.convert_from_f32_slice(src);
@@ -479,66 +490,49 @@ mod tests {
                         .sum();
                     s + bias.map_or(0.0, |b| b[j])
                 };
-                let mut runs = vec![
+                let op = |x| Operands {
+                    x,
+                    m,
+                    k,
+                    col0,
+                    n,
+                    bias,
+                };
+                // (input, weight, whether bf16): bf16 on pair panels and on f32 panels (the
+                // path of CPUs without AVX-512 BF16), f16 on f32 panels; portable kernels
+                // (what Miri runs) and this CPU's.
+                let mut cases = vec![
+                    (&xb, Panels::Bf16(&pairs, Kernel::Portable), true),
                     (
-                        gemm(
-                            &Operands {
-                                x: &xb,
-                                m,
-                                k,
-                                col0,
-                                n,
-                                bias,
-                            },
-                            Panels::Bf16(&pairs, Kernel::Portable),
-                        ),
+                        &xb,
+                        Panels::F32(&f32_panels, Isa::Portable, DType::BF16),
                         true,
                     ),
                     (
-                        gemm(
-                            &Operands {
-                                x: &xh,
-                                m,
-                                k,
-                                col0,
-                                n,
-                                bias,
-                            },
-                            Panels::F32(&f32_panels, Isa::Portable),
-                        ),
+                        &xh,
+                        Panels::F32(&f32_panels, Isa::Portable, DType::F16),
                         false,
                     ),
                 ];
                 if !cfg!(miri) {
-                    runs.push((
-                        gemm(
-                            &Operands {
-                                x: &xb,
-                                m,
-                                k,
-                                col0,
-                                n,
-                                bias,
-                            },
-                            Panels::Bf16(&pairs, Kernel::detect(false)),
+                    cases.extend([
+                        (&xb, Panels::Bf16(&pairs, Kernel::detect(false)), true),
+                        (
+                            &xb,
+                            Panels::F32(&f32_panels, Isa::detect(false), DType::BF16),
+                            true,
                         ),
-                        true,
-                    ));
-                    runs.push((
-                        gemm(
-                            &Operands {
-                                x: &xh,
-                                m,
-                                k,
-                                col0,
-                                n,
-                                bias,
-                            },
-                            Panels::F32(&f32_panels, Isa::detect(false)),
+                        (
+                            &xh,
+                            Panels::F32(&f32_panels, Isa::detect(false), DType::F16),
+                            false,
                         ),
-                        false,
-                    ));
+                    ]);
                 }
+                let runs: Vec<(Vec<u16>, bool)> = cases
+                    .into_iter()
+                    .map(|(x, panels, is_bf16)| (gemm(&op(x), panels), is_bf16))
+                    .collect();
                 for (r, (y, is_bf16)) in runs.iter().enumerate() {
                     for i in 0..m {
                         for j in 0..n {
@@ -558,5 +552,41 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Both packings of a bf16 weight give back the weight exactly, and the same products as
+    /// each other (the f32 panels are what a CPU without AVX-512 BF16 multiplies).
+    #[test]
+    fn bf16_weight_packed_either_way_gives_the_same_answers() {
+        let (out, k, m) = (70, 9, 8);
+        let w = Tensor::from_vec(exact(out * k, 11), (out, k), &Device::Cpu)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap();
+        let x = Tensor::from_vec(exact(m * k, 12), (m, k), &Device::Cpu)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap();
+        let wt = w.t().unwrap().to_dtype(DType::F32).unwrap();
+        let mut ys = Vec::new();
+        for pairs in [false, true] {
+            let p = HalfPanels::pack_as(&w, pairs).unwrap();
+            let back = p.transposed(3, 60).unwrap().to_dtype(DType::F32).unwrap();
+            let want = wt.narrow(1, 3, 60).unwrap();
+            assert_eq!(
+                back.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                want.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+            );
+            let y = p.linear(&x, m, 3, 60, None).unwrap();
+            ys.push(
+                y.to_dtype(DType::F32)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap(),
+            );
+        }
+        assert_eq!(ys[0], ys[1]);
     }
 }

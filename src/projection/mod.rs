@@ -17,14 +17,15 @@
 //!
 //! * **Half precision on its own kernels** ([`half`]): a CPU `bf16` weight is packed once into
 //!   bf16 *pair* panels and multiplied with AVX-512 BF16 `vdpbf16ps` (two bf16 products per
-//!   `f32` lane; [`bf16`]) where the CPU has it; a CPU `f16` weight is converted once into the
-//!   `f32` panels above and its inputs into the f32 micro-kernel's tiles. Both accumulate in
+//!   `f32` lane; [`bf16`]) where the CPU has it; a CPU `f16` weight (or a bf16 one without
+//!   AVX-512 BF16) is converted once into the `f32` panels above and its inputs into the f32
+//!   micro-kernel's tiles. Both accumulate in
 //!   `f32` and round each output once to the input dtype, as torch's half-precision `Linear`.
 //!
-//! The fast paths need CPU `f32`, `f16` or `bf16` tensors that track no gradients (inference;
-//! bf16 also AVX-512 BF16). Anything else, a `Var` weight being trained, an input that needs
-//! its gradient, CUDA, `f64`, bf16 on a CPU without AVX-512 BF16, takes `x.matmul(Wᵀ) + b`
-//! with candle's ops, exactly as candle-nn's `Linear` computes it.
+//! The fast paths need CPU `f32`, `f16` or `bf16` tensors that track no gradients
+//! (inference). Anything else, a `Var` weight being trained, an input that needs its gradient,
+//! CUDA, `f64`, takes `x.matmul(Wᵀ) + b` with candle's ops, exactly as candle-nn's `Linear`
+//! computes it.
 //!
 //! The weight is held once: for CPU constants as the packed panels (the `(out, in)` matrix is
 //! rebuilt, a copy, only if something asks for it); otherwise as a transposed view of the
@@ -59,7 +60,8 @@ enum Weight {
         out: usize,
     },
     /// A CPU `bf16`/`f16` constant packed for [`half`] (bf16 pair panels, or `f32` panels
-    /// for `f16`); this projection is columns `col0 .. col0 + out` of them.
+    /// for `f16` and for bf16 without AVX-512 BF16); this projection is columns
+    /// `col0 .. col0 + out` of them.
     Half {
         panels: half::HalfPanels,
         col0: usize,
@@ -85,8 +87,9 @@ impl Projection {
     /// From `weight` `(out, in)` (torch's and candle-nn's layout) and `bias` `(out)`.
     ///
     /// A CPU `f32` weight that tracks no gradient is packed once (a copy) for the CPU GEMM,
-    /// likewise a `f16` one (into `f32` panels: twice its size) and a `bf16` one where the
-    /// CPU has AVX-512 BF16 (into bf16 pair panels: its size); any other weight (a `Var`,
+    /// likewise a `f16` one (into `f32` panels: twice its size) and a `bf16` one (into bf16
+    /// pair panels, its size, where the CPU has AVX-512 BF16; else `f32` panels); any other
+    /// weight (a `Var`,
     /// CUDA, `f64`, ...) is kept as a view, so training updates stay visible.
     pub fn new(weight: &Tensor, bias: Option<Tensor>) -> candle::Result<Self> {
         let (out, inp) = weight.dims2().map_err(|_| {
@@ -114,9 +117,8 @@ impl Projection {
             }
         }
         let packable = is_cpu_constant_f32(weight) && bias.as_ref().is_none_or(is_cpu_constant_f32);
-        let half_packable = is_cpu_constant_half(weight)
-            && half::packs(weight.dtype())
-            && bias.as_ref().is_none_or(is_cpu_constant_half);
+        let half_packable =
+            is_cpu_constant_half(weight) && bias.as_ref().is_none_or(is_cpu_constant_half);
         // The packed paths read the bias in place on every call: make it contiguous once here
         // (its narrowings by `narrow_outputs` stay contiguous).
         let bias = match bias {
