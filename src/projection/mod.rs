@@ -92,6 +92,16 @@ impl Projection {
     /// weight (a `Var`,
     /// CUDA, `f64`, ...) is kept as a view, so training updates stay visible.
     pub fn new(weight: &Tensor, bias: Option<Tensor>) -> candle::Result<Self> {
+        Self::with_packing(weight, bias, true)
+    }
+
+    /// [`Projection::new`], packing a half-precision weight only if `pack_half` (a shared
+    /// table stays one tensor).
+    fn with_packing(
+        weight: &Tensor,
+        bias: Option<Tensor>,
+        pack_half: bool,
+    ) -> candle::Result<Self> {
         let (out, inp) = weight.dims2().map_err(|_| {
             candle::Error::Msg(format!(
                 "a linear weight must be (out_features, in_features), got shape {:?}",
@@ -117,8 +127,9 @@ impl Projection {
             }
         }
         let packable = is_cpu_constant_f32(weight) && bias.as_ref().is_none_or(is_cpu_constant_f32);
-        let half_packable =
-            is_cpu_constant_half(weight) && bias.as_ref().is_none_or(is_cpu_constant_half);
+        let half_packable = pack_half
+            && is_cpu_constant_half(weight)
+            && bias.as_ref().is_none_or(is_cpu_constant_half);
         // The packed paths read the bias in place on every call: make it contiguous once here
         // (its narrowings by `narrow_outputs` stay contiguous).
         let bias = match bias {
@@ -174,10 +185,13 @@ impl Projection {
     /// A projection that shares `weight` `(out, in)` with its owner instead of packing a copy of
     /// it: a tied output projection and the embedding table it is tied to stay one tensor.
     /// For a CPU `f32` constant the product reads `W`'s rows in place (the kernel of
-    /// [`mapped`]); anything else is the same as [`Projection::new`].
+    /// [`mapped`]); anything else is kept as a view, as [`Projection::new`] keeps what it does
+    /// not pack (a half-precision table too: it is not copied into panels).
     pub fn shared(weight: &Tensor, bias: Option<Tensor>) -> candle::Result<Self> {
         if !(is_cpu_constant_f32(weight) && weight.rank() == 2) {
-            return Self::new(weight, bias);
+            // Not packed, half precision included (packing would copy the shared table):
+            // candle's ops on a view of it.
+            return Self::with_packing(weight, bias, false);
         }
         if let Some(b) = &bias {
             if b.dims() != [weight.dim(0)?] || !is_cpu_constant_f32(b) {
