@@ -15,9 +15,9 @@
 //!   copied per call, and the bias is the initial value of the output (no second pass).
 //!   Tasks of 64 rows × a group of panels run in parallel on rayon's pool.
 //!
-//! * **Half precision on its own kernels** ([`half`]): a CPU `bf16` weight is packed once into
+//! * **Half precision on its own kernels** (`half.rs`): a CPU `bf16` weight is packed once into
 //!   bf16 *pair* panels and multiplied with AVX-512 BF16 `vdpbf16ps` (two bf16 products per
-//!   `f32` lane; [`bf16`]) where the CPU has it; a CPU `f16` weight (or a bf16 one without
+//!   `f32` lane; `bf16.rs`) where the CPU has it; a CPU `f16` weight (or a bf16 one without
 //!   AVX-512 BF16) is converted once into the `f32` panels above and its inputs into the f32
 //!   micro-kernel's tiles. Both accumulate in
 //!   `f32` and round each output once to the input dtype, as torch's half-precision `Linear`.
