@@ -418,7 +418,7 @@ pub(super) struct Ahead {
 /// `y` is valid for reads and writes of `w` floats at `y + i * ys` for every `i < nr`, and
 /// nothing else accesses those floats meanwhile.
 #[allow(clippy::too_many_arguments)]
-unsafe fn accumulate(
+pub(super) unsafe fn accumulate(
     isa: Isa,
     x: &[f32],
     gs: usize,

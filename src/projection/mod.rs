@@ -15,15 +15,25 @@
 //!   copied per call, and the bias is the initial value of the output (no second pass).
 //!   Tasks of 64 rows × a group of panels run in parallel on rayon's pool.
 //!
-//! The fast path needs CPU `f32` tensors that track no gradients (inference). Anything else,
-//! a `Var` weight being trained, an input that needs its gradient, CUDA, `f16`, takes
-//! `x.matmul(Wᵀ) + b` with candle's ops, exactly as candle-nn's `Linear` computes it.
+//! * **Half precision on its own kernels** (`half.rs`): a CPU `bf16` weight is packed once into
+//!   bf16 *pair* panels and multiplied with AVX-512 BF16 `vdpbf16ps` (two bf16 products per
+//!   `f32` lane; `bf16.rs`) where the CPU has it; a CPU `f16` weight (or a bf16 one without
+//!   AVX-512 BF16) is converted once into the `f32` panels above and its inputs into the f32
+//!   micro-kernel's tiles. Both accumulate in
+//!   `f32` and round each output once to the input dtype, as torch's half-precision `Linear`.
+//!
+//! The fast paths need CPU `f32`, `f16` or `bf16` tensors that track no gradients
+//! (inference). Anything else, a `Var` weight being trained, an input that needs its gradient,
+//! CUDA, `f64`, takes `x.matmul(Wᵀ) + b` with candle's ops, exactly as candle-nn's `Linear`
+//! computes it.
 //!
 //! The weight is held once: for CPU constants as the packed panels (the `(out, in)` matrix is
 //! rebuilt, a copy, only if something asks for it); otherwise as a transposed view of the
 //! tensor given (a `Var` stays live: an optimizer's update is seen by the next forward pass).
 
+mod bf16;
 mod gemm;
+mod half;
 pub mod mapped;
 
 #[cfg(target_arch = "x86_64")]
@@ -49,6 +59,14 @@ enum Weight {
         col0: usize,
         out: usize,
     },
+    /// A CPU `bf16`/`f16` constant packed for [`half`] (bf16 pair panels, or `f32` panels
+    /// for `f16` and for bf16 without AVX-512 BF16); this projection is columns
+    /// `col0 .. col0 + out` of them.
+    Half {
+        panels: half::HalfPanels,
+        col0: usize,
+        out: usize,
+    },
     /// `W` `(out, in)` read in place from a memory-mapped file ([`mapped`]).
     Mapped(mapped::MappedMatrix),
     /// `W` `(out, in)`, a contiguous CPU `f32` tensor shared with its owner (e.g. the tied
@@ -68,10 +86,22 @@ pub struct Projection {
 impl Projection {
     /// From `weight` `(out, in)` (torch's and candle-nn's layout) and `bias` `(out)`.
     ///
-    /// A CPU `f32` weight that tracks no gradient is packed once (a copy) for the CPU GEMM;
-    /// any other weight (a `Var`, CUDA, `f16`, ...) is kept as a view, so training updates
-    /// stay visible.
+    /// A CPU `f32` weight that tracks no gradient is packed once (a copy) for the CPU GEMM,
+    /// likewise a `f16` one (into `f32` panels: twice its size) and a `bf16` one (into bf16
+    /// pair panels, its size, where the CPU has AVX-512 BF16; else `f32` panels); any other
+    /// weight (a `Var`,
+    /// CUDA, `f64`, ...) is kept as a view, so training updates stay visible.
     pub fn new(weight: &Tensor, bias: Option<Tensor>) -> candle::Result<Self> {
+        Self::with_packing(weight, bias, true)
+    }
+
+    /// [`Projection::new`], packing a half-precision weight only if `pack_half` (a shared
+    /// table stays one tensor).
+    fn with_packing(
+        weight: &Tensor,
+        bias: Option<Tensor>,
+        pack_half: bool,
+    ) -> candle::Result<Self> {
         let (out, inp) = weight.dims2().map_err(|_| {
             candle::Error::Msg(format!(
                 "a linear weight must be (out_features, in_features), got shape {:?}",
@@ -97,13 +127,22 @@ impl Projection {
             }
         }
         let packable = is_cpu_constant_f32(weight) && bias.as_ref().is_none_or(is_cpu_constant_f32);
-        // The packed path reads the bias in place on every call: make it contiguous once here
+        let half_packable = pack_half
+            && is_cpu_constant_half(weight)
+            && bias.as_ref().is_none_or(is_cpu_constant_half);
+        // The packed paths read the bias in place on every call: make it contiguous once here
         // (its narrowings by `narrow_outputs` stay contiguous).
         let bias = match bias {
-            Some(b) if packable => Some(b.contiguous()?),
+            Some(b) if packable || half_packable => Some(b.contiguous()?),
             b => b,
         };
-        let weight = if packable {
+        let weight = if half_packable {
+            Weight::Half {
+                panels: half::HalfPanels::pack(weight)?,
+                col0: 0,
+                out,
+            }
+        } else if packable {
             let w = weight.flatten_all()?.to_vec1::<f32>()?;
             let panels = out.div_ceil(PANEL);
             let mut packed = vec![0f32; panels * inp * PANEL];
@@ -146,10 +185,13 @@ impl Projection {
     /// A projection that shares `weight` `(out, in)` with its owner instead of packing a copy of
     /// it: a tied output projection and the embedding table it is tied to stay one tensor.
     /// For a CPU `f32` constant the product reads `W`'s rows in place (the kernel of
-    /// [`mapped`]); anything else is the same as [`Projection::new`].
+    /// [`mapped`]); anything else is kept as a view, as [`Projection::new`] keeps what it does
+    /// not pack (a half-precision table too: it is not copied into panels).
     pub fn shared(weight: &Tensor, bias: Option<Tensor>) -> candle::Result<Self> {
         if !(is_cpu_constant_f32(weight) && weight.rank() == 2) {
-            return Self::new(weight, bias);
+            // Not packed, half precision included (packing would copy the shared table):
+            // candle's ops on a view of it.
+            return Self::with_packing(weight, bias, false);
         }
         if let Some(b) = &bias {
             if b.dims() != [weight.dim(0)?] || !is_cpu_constant_f32(b) {
@@ -185,6 +227,11 @@ impl Projection {
                 col0: col0 + start,
                 out: len,
             },
+            Weight::Half { panels, col0, .. } => Weight::Half {
+                panels: panels.clone(),
+                col0: col0 + start,
+                out: len,
+            },
             Weight::Mapped(w) => {
                 Weight::Mapped(w.narrow_rows(start, len).ok_or_else(|| {
                     candle::Error::Msg("internal: mapped rows out of range".into())
@@ -214,6 +261,7 @@ impl Projection {
                     .narrow(1, *col0, *out)?
                     .contiguous()
             }
+            Weight::Half { panels, col0, out } => panels.transposed(*col0, *out),
             Weight::Mapped(w) => {
                 Tensor::from_slice(w.data(), (w.rows(), w.cols()), &Device::Cpu)?.t()
             }
@@ -237,6 +285,7 @@ impl Projection {
         match &self.weight {
             Weight::View(wt) => wt.dims()[0],
             Weight::Packed { panels, .. } => panels.dims()[1],
+            Weight::Half { panels, .. } => panels.in_features(),
             Weight::Mapped(w) => w.cols(),
             Weight::Rows(w) => w.dims()[1],
         }
@@ -246,7 +295,7 @@ impl Projection {
     pub fn out_features(&self) -> usize {
         match &self.weight {
             Weight::View(wt) => wt.dims()[1],
-            Weight::Packed { out, .. } => *out,
+            Weight::Packed { out, .. } | Weight::Half { out, .. } => *out,
             Weight::Mapped(w) => w.rows(),
             Weight::Rows(w) => w.dims()[0],
         }
@@ -256,6 +305,7 @@ impl Projection {
     pub fn dtype(&self) -> DType {
         match &self.weight {
             Weight::View(wt) => wt.dtype(),
+            Weight::Half { panels, .. } => panels.dtype(),
             Weight::Packed { .. } | Weight::Mapped(_) | Weight::Rows(_) => DType::F32,
         }
     }
@@ -265,7 +315,7 @@ impl Projection {
         match &self.weight {
             Weight::View(wt) => wt.device(),
             Weight::Packed { panels, .. } => panels.device(),
-            Weight::Mapped(_) | Weight::Rows(_) => &Device::Cpu,
+            Weight::Half { .. } | Weight::Mapped(_) | Weight::Rows(_) => &Device::Cpu,
         }
     }
 }
@@ -310,6 +360,12 @@ impl Module for Projection {
                 return y.reshape(out_dims);
             }
         }
+        if let Weight::Half { panels, col0, .. } = &self.weight {
+            if is_cpu_constant_half(x) {
+                let y = panels.linear(&x.contiguous()?, m, *col0, n, self.bias.as_ref())?;
+                return y.reshape(out_dims);
+            }
+        }
         // `W` read row by row where it lies: a mapped file or a shared tensor.
         let rows_guard = match &self.weight {
             Weight::Rows(w) => Some(w.storage_and_layout()),
@@ -345,6 +401,13 @@ impl Module for Projection {
 /// A CPU `f32` tensor outside any autograd graph.
 fn is_cpu_constant_f32(t: &Tensor) -> bool {
     matches!(t.device(), Device::Cpu) && t.dtype() == DType::F32 && !t.track_op()
+}
+
+/// A CPU `bf16` or `f16` tensor outside any autograd graph.
+fn is_cpu_constant_half(t: &Tensor) -> bool {
+    matches!(t.device(), Device::Cpu)
+        && matches!(t.dtype(), DType::BF16 | DType::F16)
+        && !t.track_op()
 }
 
 /// The packed path: contiguous `x` with `m` rows of `k` features → `(m, n)`.

@@ -1,0 +1,450 @@
+//! The bf16 micro-kernel of the half-precision projection GEMM ([`super::half`]): AVX-512 BF16
+//! `vdpbf16ps`, which multiplies two adjacent bf16 pairs per 32-bit lane and adds both
+//! products into an `f32` accumulator (32 multiply-adds per instruction, twice an `f32` FMA).
+//!
+//! Because the instruction pairs neighbours along its 32-bit lanes, both operands are packed
+//! in pairs along the reduction dimension `k` (an odd `k` gets a zero partner for its last
+//! input, in both operands, so the pad adds `0 · 0`):
+//!
+//! * the weight once, when the layer is built ([`pack_weight_pairs`]): panels of
+//!   [`PANEL`] = 64 output columns, `(k/2, 64)` 32-bit pairs each, element `(p, j)` holding
+//!   `Wᵀ[2p, j]` in its low half and `Wᵀ[2p + 1, j]` in its high half;
+//! * the input rows per call ([`pack_row_pairs`]), in groups of [`R`] = 6 rows, `(k/2, 6)`
+//!   pairs per group, what the micro-kernel broadcasts from (as the f32 kernel does, and for
+//!   the same reason: six rows `k` apart share L1 sets).
+//!
+//! The micro-kernel is register blocked as the f32 one: 6 rows × 64 columns, 24 `f32`
+//! accumulators, 4 vectors of weight pairs and one broadcast pair. It accumulates into an
+//! `f32` tile (row stride 64) that the driver rounds to bf16 once, at the end of `k`.
+//! A portable kernel computes the same sums in plain Rust where the instruction is missing
+//! (and under Miri, which runs no SIMD).
+
+use super::PANEL;
+
+/// Rows per micro-tile, the packing group of the input rows.
+pub(super) const R: usize = 6;
+
+/// `f32` value of bf16 bits.
+#[inline(always)]
+pub(super) fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// Packs `W` `(out, k)` (bf16 bits, row-major) into pair panels of `Wᵀ`: element `(p, j)` of
+/// panel `q` (at `q * k2 * 64 + p * 64 + j`, `k2 = ceil(k / 2)`) holds `W[64 q + j, 2p]`
+/// (low half) and `W[64 q + j, 2p + 1]` (high half, zero past `k`); columns past `out` are
+/// zero.
+pub(super) fn pack_weight_pairs(w: &[u16], out: usize, k: usize) -> Vec<u32> {
+    assert!(k > 0 && w.len() >= out * k);
+    let k2 = k.div_ceil(2);
+    let mut packed = vec![0u32; out.div_ceil(PANEL) * k2 * PANEL];
+    for (n, row) in w.chunks_exact(k).take(out).enumerate() {
+        let base = (n / PANEL) * k2 * PANEL + n % PANEL;
+        for (p, pair) in row.chunks(2).enumerate() {
+            packed[base + p * PANEL] = pair_bits(pair);
+        }
+    }
+    packed
+}
+
+/// One or two bf16 values (bits) as a 32-bit pair, the first in the low half; a missing
+/// second one is zero.
+#[inline(always)]
+fn pair_bits(pair: &[u16]) -> u32 {
+    pair[0] as u32 | (pair.get(1).copied().unwrap_or(0) as u32) << 16
+}
+
+/// Packs `x` `(m, k)` (bf16 bits, row-major) in groups of [`R`] rows: the pair `p` of row `i`
+/// goes to `xp[(i / R) * R * k2 + p * R + i % R]` (`k2 = ceil(k / 2)`, the second half zero
+/// past `k`). The missing rows of the last group are left as they are (never read).
+pub(super) fn pack_row_pairs(x: &[u16], k: usize, xp: &mut [u32]) {
+    let k2 = k.div_ceil(2);
+    assert!(k > 0 && x.len().is_multiple_of(k) && xp.len() >= x.len().div_ceil(R * k) * R * k2);
+    for (group, dst) in x.chunks(R * k).zip(xp.chunks_mut(R * k2)) {
+        for (i, row) in group.chunks_exact(k).enumerate() {
+            let pairs = row.chunks_exact(2);
+            let odd = pairs.remainder();
+            for (p, pair) in pairs.enumerate() {
+                dst[p * R + i] = pair[0] as u32 | (pair[1] as u32) << 16;
+            }
+            if !odd.is_empty() {
+                dst[(k2 - 1) * R + i] = pair_bits(odd);
+            }
+        }
+    }
+}
+
+/// bf16 bits of `v` rounded to nearest even (a quiet NaN for NaN), as `half::bf16::from_f32`
+/// but branch free, so that a row of them vectorises.
+#[inline(always)]
+pub(super) fn round_bf16(v: f32) -> u16 {
+    let b = v.to_bits();
+    let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
+    if v.is_nan() {
+        ((b >> 16) as u16) | 0x40
+    } else {
+        rounded
+    }
+}
+
+/// `dst[i]` = the bf16 bits of `src[i]` rounded to nearest even (`vcvtneps2bf16` with
+/// [`Kernel::Avx512Bf16`], which also flushes results below bf16's normal range, 1.2e-38,
+/// to zero, as the multiply-adds flush their inputs).
+pub(super) fn round_row(kernel: Kernel, src: &[f32], dst: &mut [u16]) {
+    assert!(dst.len() <= src.len());
+    match kernel {
+        // SAFETY: `Kernel::Avx512Bf16` exists only after AVX-512F/BW/VL/BF16 were detected;
+        // `src` has at least `dst.len()` values.
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512Bf16 => unsafe {
+            avx512::round_row(src.as_ptr(), dst.as_mut_ptr(), dst.len())
+        },
+        Kernel::Portable => {
+            for (d, &s) in dst.iter_mut().zip(src) {
+                *d = round_bf16(s);
+            }
+        }
+    }
+}
+
+/// Which bf16 micro-kernel runs: chosen once per call by [`Kernel::detect`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kernel {
+    /// Plain Rust (products in `f32`).
+    Portable,
+    /// `vdpbf16ps`; only ever constructed after the CPU was found to have AVX-512F, BW, VL
+    /// and BF16, which is what makes calling the `#[target_feature]` kernel sound.
+    #[cfg(target_arch = "x86_64")]
+    Avx512Bf16,
+}
+
+impl Kernel {
+    /// The AVX-512 BF16 kernel when this CPU has it (and not `force_portable`).
+    pub(super) fn detect(force_portable: bool) -> Kernel {
+        #[cfg(target_arch = "x86_64")]
+        if !force_portable && has_avx512bf16() {
+            return Kernel::Avx512Bf16;
+        }
+        let _ = force_portable;
+        Kernel::Portable
+    }
+}
+
+/// Whether this CPU runs the AVX-512 BF16 kernel (AVX-512F, BW, VL and BF16).
+pub(super) fn has_avx512bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// `acc[i * 64 + c] += Σ_{p < kc2} x(i, 2p) · wp(2p, c) + x(i, 2p + 1) · wp(2p + 1, c)` for
+/// rows `i < nr` and columns `c < w`, where `x(i, ·)` is the pair at
+/// `x[(i / 6) * gs + p * 6 + i % 6]` (packed rows) and `wp(·, c)` the pair at
+/// `wp[p * 64 + c]` (a panel, possibly starting inside it).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn accumulate(
+    kernel: Kernel,
+    x: &[u32],
+    gs: usize,
+    kc2: usize,
+    wp: &[u32],
+    acc: &mut [f32],
+    nr: usize,
+    w: usize,
+) {
+    assert!((1..=PANEL).contains(&w) && kc2 > 0 && gs >= R * kc2);
+    assert!(nr == 0 || x.len() >= (nr - 1) / R * gs + (kc2 - 1) * R + R);
+    assert!(wp.len() >= (kc2 - 1) * PANEL + w);
+    assert!(nr == 0 || acc.len() >= (nr - 1) * PANEL + w);
+    match kernel {
+        // SAFETY: `Kernel::Avx512Bf16` exists only after AVX-512F/BW/VL/BF16 were detected;
+        // the lengths asserted above are the kernel's contract.
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512Bf16 => unsafe {
+            avx512::accumulate(x.as_ptr(), gs, kc2, wp.as_ptr(), acc.as_mut_ptr(), nr, w)
+        },
+        Kernel::Portable => accumulate_portable(x, gs, kc2, wp, acc, nr, w),
+    }
+}
+
+/// Plain-Rust [`accumulate`], row by row (the loop over the columns vectorises).
+#[allow(clippy::too_many_arguments)]
+fn accumulate_portable(
+    x: &[u32],
+    gs: usize,
+    kc2: usize,
+    wp: &[u32],
+    acc: &mut [f32],
+    nr: usize,
+    w: usize,
+) {
+    for i in 0..nr {
+        let row = &mut acc[i * PANEL..i * PANEL + w];
+        let group = &x[i / R * gs + i % R..];
+        for p in 0..kc2 {
+            let pair = group[p * R];
+            let (x0, x1) = (bf16_to_f32(pair as u16), bf16_to_f32((pair >> 16) as u16));
+            for (a, &wv) in row.iter_mut().zip(&wp[p * PANEL..p * PANEL + w]) {
+                *a += x0 * bf16_to_f32(wv as u16) + x1 * bf16_to_f32((wv >> 16) as u16);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    //! The `vdpbf16ps` kernel (`_mm512_dpbf16_ps`, stable since Rust 1.89).
+
+    #![allow(clippy::too_many_arguments)]
+
+    use super::{PANEL, R};
+    use crate::simd::avx512::{load, store};
+    use core::arch::x86_64::*;
+
+    /// [`super::accumulate`] with AVX-512 BF16.
+    ///
+    /// # Safety
+    /// AVX-512F, BW, VL and BF16 available; `1 <= w <= 64`; `x` readable at the pairs named by
+    /// [`super::accumulate`] for `i < nr`, `p < kc2`; `wp` readable at `p * 64 + c` and `acc`
+    /// readable and writable at `i * 64 + c`, for `p < kc2`, `i < nr`, `c < w`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    pub(super) unsafe fn accumulate(
+        x: *const u32,
+        gs: usize,
+        kc2: usize,
+        wp: *const u32,
+        acc: *mut f32,
+        nr: usize,
+        w: usize,
+    ) {
+        let nv = w.div_ceil(16);
+        let last = w - 16 * (nv - 1);
+        let tail: __mmask16 = if last == 16 {
+            0xffff
+        } else {
+            (1u16 << last) - 1
+        };
+        // SAFETY: the caller's contract, with `nv` in 1..=4 since 1 <= w <= 64.
+        match (nv, last == 16) {
+            (1, false) => rows::<1, false>(x, gs, kc2, wp, acc, nr, tail),
+            (2, false) => rows::<2, false>(x, gs, kc2, wp, acc, nr, tail),
+            (3, false) => rows::<3, false>(x, gs, kc2, wp, acc, nr, tail),
+            (_, false) => rows::<4, false>(x, gs, kc2, wp, acc, nr, tail),
+            (1, true) => rows::<1, true>(x, gs, kc2, wp, acc, nr, tail),
+            (2, true) => rows::<2, true>(x, gs, kc2, wp, acc, nr, tail),
+            (3, true) => rows::<3, true>(x, gs, kc2, wp, acc, nr, tail),
+            (_, true) => rows::<4, true>(x, gs, kc2, wp, acc, nr, tail),
+        }
+    }
+
+    /// [`super::round_row`]: `len` values of `src` rounded into `dst`, 16 at a time.
+    ///
+    /// # Safety
+    /// AVX-512F, BW, VL and BF16 available; `src` readable and `dst` writable for `len`
+    /// values (the masked lanes of the last vector are neither read nor written).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    pub(super) unsafe fn round_row(src: *const f32, dst: *mut u16, len: usize) {
+        let mut i = 0;
+        while i < len {
+            let lanes = (len - i).min(16);
+            let mask: __mmask16 = if lanes == 16 {
+                0xffff
+            } else {
+                (1u16 << lanes) - 1
+            };
+            let v = _mm512_maskz_loadu_ps(mask, src.add(i));
+            // SAFETY: both are 32-byte vectors of 16 × 16 bits.
+            let h = std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(v));
+            _mm256_mask_storeu_epi16(dst.add(i).cast(), mask, h);
+            i += 16;
+        }
+    }
+
+    /// [`accumulate`] for `w = 16 * (NV - 1) + popcount(tail)` columns.
+    ///
+    /// # Safety
+    /// As [`accumulate`], with `1 <= NV <= 4`.
+    #[inline(always)]
+    unsafe fn rows<const NV: usize, const FULL: bool>(
+        x: *const u32,
+        gs: usize,
+        kc2: usize,
+        wp: *const u32,
+        acc: *mut f32,
+        nr: usize,
+        tail: __mmask16,
+    ) {
+        let mut i = 0;
+        while i + R <= nr {
+            // SAFETY: rows i .. i + R <= nr (group i / R) are in the caller's contract.
+            tile::<NV, R, FULL>(x.add(i / R * gs), kc2, wp, acc.add(i * PANEL), tail);
+            i += R;
+        }
+        // SAFETY: as above for the last nr - i < R rows, the first rows of group i / R.
+        let (xi, ai) = (x.add(i / R * gs), acc.add(i * PANEL));
+        match nr - i {
+            1 => tile::<NV, 1, FULL>(xi, kc2, wp, ai, tail),
+            2 => tile::<NV, 2, FULL>(xi, kc2, wp, ai, tail),
+            3 => tile::<NV, 3, FULL>(xi, kc2, wp, ai, tail),
+            4 => tile::<NV, 4, FULL>(xi, kc2, wp, ai, tail),
+            5 => tile::<NV, 5, FULL>(xi, kc2, wp, ai, tail),
+            _ => {}
+        }
+    }
+
+    /// `RR` rows × `16 * NV` columns (the last vector masked by `tail` unless `FULL`),
+    /// accumulators in registers over the whole chunk.
+    ///
+    /// # Safety
+    /// AVX-512F and BF16 available; `NV <= 4`, `RR <= 6`; `x` (one packed group) readable at
+    /// `p * 6 + r` for `r < RR`, `p < kc2`; `wp` readable at `p * 64 + c` and `acc` readable
+    /// and writable at `r * 64 + c` for `r < RR` and the columns named above (masked lanes are
+    /// neither read nor written, and AVX-512 suppresses faults on them).
+    #[inline(always)]
+    unsafe fn tile<const NV: usize, const RR: usize, const FULL: bool>(
+        x: *const u32,
+        kc2: usize,
+        wp: *const u32,
+        acc: *mut f32,
+        tail: __mmask16,
+    ) {
+        let masked = |v: usize| !FULL && v + 1 == NV;
+        let mut a = [[_mm512_setzero_ps(); NV]; RR];
+        for (r, a) in a.iter_mut().enumerate() {
+            for (v, a) in a.iter_mut().enumerate() {
+                *a = load(masked(v), tail, acc.add(r * PANEL + 16 * v));
+            }
+        }
+        for p in 0..kc2 {
+            let wr = wp.add(p * PANEL);
+            let wv: [__m512bh; NV] = std::array::from_fn(|v| {
+                let bits = if masked(v) {
+                    _mm512_maskz_loadu_epi32(tail, wr.add(16 * v).cast())
+                } else {
+                    _mm512_loadu_si512(wr.add(16 * v).cast())
+                };
+                // SAFETY: both are 64-byte vectors and every bit pattern is a valid pair of
+                // bf16 values per lane.
+                std::mem::transmute::<__m512i, __m512bh>(bits)
+            });
+            for (r, a) in a.iter_mut().enumerate() {
+                // SAFETY: as above; the pair (x(r, 2p), x(r, 2p + 1)) in every lane.
+                let xb = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(
+                    *x.add(p * R + r) as i32,
+                ));
+                for v in 0..NV {
+                    a[v] = _mm512_dpbf16_ps(a[v], xb, wv[v]);
+                }
+            }
+        }
+        for (r, a) in a.iter().enumerate() {
+            for (v, a) in a.iter().enumerate() {
+                store(masked(v), tail, acc.add(r * PANEL + 16 * v), *a);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both roundings agree with `half`'s (round to nearest even) on ties, carries into the
+    /// exponent, infinities, NaN and odd lengths (the masked tail).
+    #[test]
+    fn rounding_matches_half() {
+        let mut src: Vec<f32> = vec![
+            1.0,
+            -1.0,
+            f32::from_bits(0x3f80_8000), // a tie, even below: stays 0x3f80
+            f32::from_bits(0x3f81_8000), // a tie, odd below: up to 0x3f82
+            f32::from_bits(0x3f80_8001), // just above a tie: up
+            f32::from_bits(0x3fff_ffff), // carries into the exponent
+            f32::MAX,                    // rounds to infinity
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            0.0,
+            -0.0,
+            65504.0,
+            3.140_625,
+            -2.5e-3,
+            1e30,
+            7.0,
+        ];
+        src.extend((0..40).map(|i| (i as f32 * 0.377).sin() * 1e3));
+        for kernel in [Kernel::detect(false), Kernel::Portable] {
+            for len in [0, 1, 15, 16, 17, src.len()] {
+                let mut dst = vec![0u16; len];
+                round_row(kernel, &src[..len], &mut dst);
+                for (i, (&d, &s)) in dst.iter().zip(&src).enumerate() {
+                    let want = half::bf16::from_f32(s);
+                    if s.is_nan() {
+                        assert!(half::bf16::from_bits(d).is_nan(), "{kernel:?} NaN");
+                    } else {
+                        assert_eq!(d, want.to_bits(), "{kernel:?} [{i}] = {s}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Small integers times powers of two: exact in bf16, and their products and sums exact
+    /// in f32, so every kernel must give the reference bit for bit.
+    fn exact_bf16(len: usize, seed: u32) -> Vec<u16> {
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                let v = ((s % 17) as f32 - 8.0) / 8.0;
+                (v.to_bits() >> 16) as u16
+            })
+            .collect()
+    }
+
+    /// Packing and both kernels against a plain sum, at odd `k` (the zero partner), partial
+    /// panels, panels entered in the middle and row counts around the micro-tile.
+    #[test]
+    fn kernels_match_the_plain_sum() {
+        let kernels = [Kernel::detect(false), Kernel::Portable];
+        for &(m, k, n, within) in &[(1, 1, 1, 0), (7, 5, 17, 3), (13, 34, 64, 0), (6, 9, 40, 20)] {
+            let wt = exact_bf16(n.max(1) * k, 5);
+            // W (n + within, k): the first `within` rows are skipped by entering the panel.
+            let mut w = exact_bf16(within * k, 9);
+            w.extend_from_slice(&wt);
+            let packed = pack_weight_pairs(&w, within + n, k);
+            let x = exact_bf16(m * k, 7);
+            let k2 = k.div_ceil(2);
+            let mut xp = vec![0u32; m.div_ceil(R) * R * k2];
+            pack_row_pairs(&x, k, &mut xp);
+            for kernel in kernels {
+                let mut acc = vec![0.5f32; m * PANEL];
+                accumulate(kernel, &xp, R * k2, k2, &packed[within..], &mut acc, m, n);
+                for i in 0..m {
+                    for j in 0..n {
+                        let mut s = 0.5f32;
+                        for kk in 0..k {
+                            s += bf16_to_f32(x[i * k + kk]) * bf16_to_f32(wt[j * k + kk]);
+                        }
+                        assert_eq!(
+                            acc[i * PANEL + j],
+                            s,
+                            "{kernel:?} m={m} k={k} n={n} ({i}, {j})"
+                        );
+                    }
+                    for j in n..PANEL {
+                        assert_eq!(acc[i * PANEL + j], 0.5, "{kernel:?} wrote past column {n}");
+                    }
+                }
+            }
+        }
+    }
+}
