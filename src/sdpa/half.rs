@@ -1,0 +1,237 @@
+//! Half-precision (`f16`, `bf16`) inputs of the tiled and decode kernels ([`super::tiled`]):
+//! how their tiles are formed, never through a whole-tensor `f32` copy.
+//!
+//! * [`Kind::Bf16Dot`] (bf16 on a CPU with AVX-512 BF16): `Q·Kᵀ` and `P·V` run on bf16 with
+//!   `vdpbf16ps` and `f32` accumulation ([`super::avx512_half`]): queries packed once per task,
+//!   keys read in place, values packed per key block, probabilities rounded to bf16 per tile.
+//! * [`Kind::F16`] and [`Kind::Bf16`] (bf16 without AVX-512 BF16, or `TiledConfig::half_dot`
+//!   off): each key block's `K` and `V` rows, and each query block, are converted to `f32`
+//!   when the task loads them (F16C-style `vcvtph2ps` on AVX-512, scalar elsewhere); the `f32`
+//!   micro-kernels do the rest.
+//!
+//! **Rounding** (bf16 with `vdpbf16ps`): the inputs are already bf16, so products are exact
+//! in `f32` and summed in `f32` (`vdpbf16ps` treats bf16 denormals as zero); the scores, the
+//! softmax statistics (running maximum and sum) and the output accumulator stay `f32`; the
+//! probabilities `P = 2^(s - m)` are rounded to bf16 (to nearest even, relative error at most
+//! 2^-9) before `P·V`, as FlashAttention does, while the normalising sum uses the unrounded
+//! `f32` values; the output is rounded to bf16 once at the end. The f16 path rounds nothing
+//! but the output. Measured costs are in the README ("Accuracy").
+
+use super::tiled::BQ;
+use crate::simd::Isa;
+use candle::{CpuStorage, DType, Storage};
+use half::slice::HalfFloatSliceExt;
+
+/// The elements of a CPU f16 or bf16 storage as their 16-bit patterns (the whole buffer: index
+/// it from the layout's start offset). An error for other devices or dtypes.
+pub(crate) fn cpu_half_bits(storage: &Storage) -> candle::Result<&[u16]> {
+    match storage {
+        Storage::Cpu(CpuStorage::F16(x)) => Ok(x.reinterpret_cast()),
+        Storage::Cpu(CpuStorage::BF16(x)) => Ok(x.reinterpret_cast()),
+        Storage::Cpu(s) => candle::bail!(
+            "the half-precision CPU kernels need f16 or bf16 tensors, got {:?}",
+            s.dtype()
+        ),
+        _ => candle::bail!("the tiled attention kernels run on CPU tensors only"),
+    }
+}
+
+/// How a call's `Q`, `K` and `V` elements reach the micro-kernels. `Bf16Dot` and the AVX-512
+/// conversions are only chosen by [`Kind::choose`] after the CPU checks they need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `f32` inputs, read in place.
+    F32,
+    /// `f16`, converted to `f32` per tile.
+    F16,
+    /// `bf16`, converted to `f32` per tile.
+    Bf16,
+    /// `bf16` with `vdpbf16ps` (AVX-512 BF16 detected, with AVX-512 BW and VL).
+    Bf16Dot,
+}
+
+/// AVX-512 BW and VL (the 16-bit masked loads of the conversion and packing kernels), on
+/// top of what [`Isa::Avx512`] checked.
+#[cfg(target_arch = "x86_64")]
+fn has_bw_vl() -> bool {
+    is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vl")
+}
+
+impl Kind {
+    /// The path for inputs of `dtype` under `isa`: `Bf16Dot` for bf16 when `half_dot` is on,
+    /// `isa` is AVX-512 and the CPU has AVX-512 BF16 (and BW, VL).
+    pub(crate) fn choose(dtype: DType, isa: Isa, half_dot: bool) -> Kind {
+        match dtype {
+            DType::F16 => Kind::F16,
+            DType::BF16 => {
+                #[cfg(target_arch = "x86_64")]
+                if half_dot
+                    && isa == Isa::Avx512
+                    && has_bw_vl()
+                    && is_x86_feature_detected!("avx512bf16")
+                {
+                    return Kind::Bf16Dot;
+                }
+                let _ = (isa, half_dot);
+                Kind::Bf16
+            }
+            _ => Kind::F32,
+        }
+    }
+
+    /// Extra scratch floats a task needs for its key/value tiles with `block_k` keys: `f32`
+    /// copies of `K` and `V` rows (converted kinds), or `V` packed in key pairs (`Bf16Dot`).
+    pub(crate) fn tile_len(self, d: usize, dv: usize, block_k: usize) -> usize {
+        match self {
+            Kind::F32 => 0,
+            Kind::F16 | Kind::Bf16 => block_k * (d + dv),
+            Kind::Bf16Dot => block_k.div_ceil(2) * dv.div_ceil(16) * 16,
+        }
+    }
+}
+
+/// Whether AVX-512 conversion kernels may run under `isa` (AVX-512 BW/VL checked here).
+fn simd_convert(isa: Isa) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        return has_bw_vl();
+    }
+    let _ = isa;
+    false
+}
+
+/// One half-precision element (bits) as `f32`.
+#[inline(always)]
+fn to_f32(x: u16, f16: bool) -> f32 {
+    if f16 {
+        half::f16::from_bits(x).to_f32()
+    } else {
+        f32::from_bits(u32::from(x) << 16)
+    }
+}
+
+/// Rows `r < rows` (`cols` elements at `src[r * ss ..]`) of f16 (`f16`) or bf16 bits as `f32`
+/// into `dst[r * cols ..]`: a key or value tile as the `f32` micro-kernels read it.
+pub(crate) fn convert_rows(
+    isa: Isa,
+    src: &[u16],
+    ss: usize,
+    rows: usize,
+    cols: usize,
+    f16: bool,
+    dst: &mut [f32],
+) {
+    assert!(dst.len() >= rows * cols);
+    assert!(rows == 0 || src.len() >= (rows - 1) * ss + cols);
+    if simd_convert(isa) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX-512F (`Isa::Avx512`) and BW/VL (`simd_convert`) detected; the lengths
+        // asserted above are `convert_rows`'s preconditions.
+        unsafe {
+            super::avx512_half::convert_rows(src.as_ptr(), ss, rows, cols, f16, dst.as_mut_ptr())
+        };
+        return;
+    }
+    for r in 0..rows {
+        for (o, &x) in dst[r * cols..(r + 1) * cols]
+            .iter_mut()
+            .zip(&src[r * ss..r * ss + cols])
+        {
+            *o = to_f32(x, f16);
+        }
+    }
+}
+
+/// The query block `q[i * qs ..][..d]`, `i < nq`, as `f32` and transposed the way the `f32`
+/// score kernels read it: `qt[dd * BQ + i]`, zero for `nq <= i < 16 * ceil(nq / 16)`. Once
+/// per task, so a scalar loop is enough.
+pub(crate) fn convert_queries(q: &[u16], qs: usize, nq: usize, d: usize, f16: bool, qt: &mut [f32]) {
+    assert!(nq <= BQ && qt.len() >= d * BQ);
+    assert!(nq == 0 || q.len() >= (nq - 1) * qs + d);
+    let padded = nq.div_ceil(16) * 16;
+    for (dd, col) in qt.chunks_exact_mut(BQ).take(d).enumerate() {
+        for (i, x) in col[..padded].iter_mut().enumerate() {
+            *x = if i < nq { to_f32(q[i * qs + dd], f16) } else { 0.0 };
+        }
+    }
+}
+
+/// The bf16 kernels of [`Kind::Bf16Dot`]: safe wrappers that check the lengths each kernel
+/// relies on. Only reachable with a `Kind::Bf16Dot`, which [`Kind::choose`] returns only
+/// after detecting AVX-512F/BW/VL and AVX-512 BF16.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod dot {
+    #![allow(clippy::too_many_arguments)]
+    use super::super::avx512_half as k;
+    use super::{Kind, BQ};
+
+    /// Packs the query block for [`scores`]: word `p * BQ + i` = bf16 pair `(q[i][2p],
+    /// q[i][2p + 1])`, into `qt` (`ceil(d / 2) * BQ` words used).
+    pub(crate) fn pack_queries(kind: Kind, q: &[u16], qs: usize, nq: usize, d: usize, qt: &mut [f32]) {
+        assert!(kind == Kind::Bf16Dot);
+        assert!(nq <= BQ && qt.len() >= d.div_ceil(2) * BQ);
+        assert!(nq == 0 || q.len() >= (nq - 1) * qs + d);
+        // SAFETY: `Kind::Bf16Dot` exists only after AVX-512F/BW/BF16 were detected; the
+        // lengths asserted above are the kernel's preconditions.
+        unsafe { k::pack_queries(q.as_ptr(), qs, nq, d, qt.as_mut_ptr()) }
+    }
+
+    /// `st[j * BQ + i] = c · q_i · k_j` for `j < nk`, `16 * nv` queries, keys (bf16 rows at
+    /// stride `ks`) read in place.
+    pub(crate) fn scores(
+        kind: Kind,
+        qt: &[f32],
+        d: usize,
+        kr: &[u16],
+        ks: usize,
+        nk: usize,
+        st: &mut [f32],
+        nv: usize,
+        c: f32,
+    ) {
+        assert!(kind == Kind::Bf16Dot);
+        assert!((1..=4).contains(&nv) && qt.len() >= d.div_ceil(2) * BQ && st.len() >= nk * BQ);
+        assert!(nk == 0 || kr.len() >= (nk - 1) * ks + d);
+        // SAFETY: AVX-512F/BF16 detected (`Kind::Bf16Dot`); lengths asserted above.
+        unsafe { k::scores_bf16(qt.as_ptr(), d, kr.as_ptr(), ks, nk, st.as_mut_ptr(), nv, c) }
+    }
+
+    /// Packs the values of `nk` keys (bf16 rows at stride `vs`) in key pairs into `vp`.
+    pub(crate) fn pack_values(kind: Kind, v: &[u16], vs: usize, nk: usize, dv: usize, vp: &mut [f32]) {
+        assert!(kind == Kind::Bf16Dot);
+        assert!(vp.len() >= nk.div_ceil(2) * dv.div_ceil(16) * 16);
+        assert!(nk == 0 || v.len() >= (nk - 1) * vs + dv);
+        // SAFETY: AVX-512F/BW/VL detected (`Kind::Bf16Dot`); lengths asserted above.
+        unsafe { k::pack_values(v.as_ptr(), vs, nk, dv, vp.as_mut_ptr()) }
+    }
+
+    /// `P·V` from the probability tile `st` (`f32`, rounded to bf16 and packed here, in
+    /// place) and the values packed by [`pack_values`]: as the `f32` `pv`.
+    ///
+    /// # Safety
+    /// Rows `i < nq` of `o` (`dv` floats at `o + i * os`, `dv <= os` when `nq > 1`) are
+    /// valid for reads and writes, and nothing else accesses them meanwhile.
+    pub(crate) unsafe fn pv(
+        kind: Kind,
+        st: &mut [f32],
+        nk: usize,
+        nv: usize,
+        vp: &[f32],
+        dv: usize,
+        o: *mut f32,
+        os: usize,
+        nq: usize,
+        alpha: &[f32],
+        first: bool,
+    ) {
+        assert!(kind == Kind::Bf16Dot);
+        assert!(nv <= 4 && nq <= 16 * nv && st.len() >= nk * BQ && alpha.len() >= nq);
+        assert!(nq <= 1 || dv <= os);
+        assert!(vp.len() >= nk.div_ceil(2) * dv.div_ceil(16) * 16);
+        // SAFETY: AVX-512F/BW/BF16 detected (`Kind::Bf16Dot`); `st` holds nk * BQ floats.
+        k::pack_probs(st.as_mut_ptr(), nk, nv);
+        // SAFETY: as above; the packed tile is ceil(nk / 2) * BQ <= nk * BQ words, `vp` and
+        // `alpha` lengths asserted, the rows of `o` are the caller's contract.
+        k::pv_bf16(st.as_ptr(), nk, vp.as_ptr(), dv, o, os, nq, alpha.as_ptr(), first)
+    }
+}
