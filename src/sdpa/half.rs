@@ -28,9 +28,9 @@ pub(crate) fn cpu_half_bits(storage: &Storage) -> candle::Result<&[u16]> {
     match storage {
         Storage::Cpu(CpuStorage::F16(x)) => Ok(x.reinterpret_cast()),
         Storage::Cpu(CpuStorage::BF16(x)) => Ok(x.reinterpret_cast()),
-        Storage::Cpu(s) => candle::bail!(
+        Storage::Cpu(_) => candle::bail!(
             "the half-precision CPU kernels need f16 or bf16 tensors, got {:?}",
-            s.dtype()
+            storage.dtype()
         ),
         _ => candle::bail!("the tiled attention kernels run on CPU tensors only"),
     }
@@ -233,5 +233,55 @@ pub(crate) mod dot {
         // SAFETY: as above; the packed tile is ceil(nk / 2) * BQ <= nk * BQ words, `vp` and
         // `alpha` lengths asserted, the rows of `o` are the caller's contract.
         k::pv_bf16(st.as_ptr(), nk, vp.as_ptr(), dv, o, os, nq, alpha.as_ptr(), first)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_path_follows_the_dtype_the_cpu_and_the_config() {
+        let isa = Isa::detect(false);
+        assert_eq!(Kind::choose(DType::F32, isa, true), Kind::F32);
+        assert_eq!(Kind::choose(DType::F16, isa, true), Kind::F16);
+        assert_eq!(Kind::choose(DType::BF16, isa, false), Kind::Bf16);
+        assert_eq!(Kind::choose(DType::BF16, Isa::Portable, true), Kind::Bf16);
+        #[cfg(target_arch = "x86_64")]
+        {
+            let dot = isa == Isa::Avx512
+                && is_x86_feature_detected!("avx512bf16")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl");
+            let want = if dot { Kind::Bf16Dot } else { Kind::Bf16 };
+            assert_eq!(Kind::choose(DType::BF16, isa, true), want);
+        }
+    }
+
+    #[test]
+    fn conversions_match_the_half_crate() {
+        let f: Vec<f32> = (0..37).map(|i| (i as f32 - 18.0) * 0.731).collect();
+        for f16 in [false, true] {
+            let bits: Vec<u16> = f
+                .iter()
+                .map(|&x| {
+                    if f16 {
+                        half::f16::from_f32(x).to_bits()
+                    } else {
+                        half::bf16::from_f32(x).to_bits()
+                    }
+                })
+                .collect();
+            for isa in [Isa::detect(false), Isa::Portable] {
+                // 3 rows of 11 at stride 12 (a ragged 16-lane tail).
+                let mut out = vec![f32::NAN; 33];
+                convert_rows(isa, &bits, 12, 3, 11, f16, &mut out);
+                for r in 0..3 {
+                    for c in 0..11 {
+                        assert_eq!(out[r * 11 + c], to_f32(bits[r * 12 + c], f16), "{isa:?}");
+                    }
+                }
+            }
+        }
     }
 }
