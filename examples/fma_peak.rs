@@ -83,7 +83,10 @@ fn measure(
             .map_err(|_| anyhow::anyhow!("a worker thread panicked"))?;
     }
     let secs = start.elapsed().as_secs_f64();
-    Ok(((threads * iters * flop_per_iter) as f64 / secs / 1e9, checksum))
+    Ok((
+        (threads * iters * flop_per_iter) as f64 / secs / 1e9,
+        checksum,
+    ))
 }
 
 fn main() -> anyhow::Result<()> {
@@ -109,15 +112,13 @@ fn main() -> anyhow::Result<()> {
         }
         for threads in counts {
             // SAFETY: AVX-512F was detected above.
-            let (gflops, checksum) = measure(threads, iters, 24 * 32, |n| unsafe {
-                chains::run(n)
-            })?;
+            let (gflops, checksum) =
+                measure(threads, iters, 24 * 32, |n| unsafe { chains::run(n) })?;
             println!("{threads} thread(s): fp32 FMA {gflops:.1} GFLOP/s (checksum {checksum:.3e})");
             if bf16 {
                 // SAFETY: AVX-512F and AVX-512 BF16 were detected above.
-                let (gflops, checksum) = measure(threads, iters, 24 * 64, |n| unsafe {
-                    chains::run_bf16(n)
-                })?;
+                let (gflops, checksum) =
+                    measure(threads, iters, 24 * 64, |n| unsafe { chains::run_bf16(n) })?;
                 println!(
                     "{threads} thread(s): bf16 vdpbf16ps {gflops:.1} GFLOP/s (checksum {checksum:.3e})"
                 );

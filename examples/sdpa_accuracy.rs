@@ -24,7 +24,8 @@ fn main() -> Result<()> {
     };
     let causal = args.iter().skip(2).any(|a| a == "--causal");
     let dev = Device::Cpu;
-    let tensors = candle::safetensors::load(input, &dev).with_context(|| format!("reading {input}"))?;
+    let tensors =
+        candle::safetensors::load(input, &dev).with_context(|| format!("reading {input}"))?;
     let get = |name: &str| -> Result<Tensor> {
         tensors.get(name).cloned().with_context(|| {
             let mut names: Vec<_> = tensors.keys().collect();

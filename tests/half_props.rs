@@ -40,7 +40,12 @@ struct Case {
 /// Lengths around `block` (1, block ± 1, 2 block + 1) and anything below 200.
 fn len_strategy(block: usize) -> impl Strategy<Value = usize> {
     prop_oneof![
-        proptest::sample::select(vec![1, block.saturating_sub(1).max(1), block + 1, 2 * block + 1]),
+        proptest::sample::select(vec![
+            1,
+            block.saturating_sub(1).max(1),
+            block + 1,
+            2 * block + 1
+        ]),
         1usize..200,
     ]
 }
@@ -123,7 +128,13 @@ fn flat(t: &Tensor) -> Vec<f32> {
 
 /// Checks `got` (half) against `want` (`f32`) under the bound of the module documentation;
 /// rows the reference gives as exactly zero (fully masked) must be exactly zero.
-fn check(c: &Case, got: &Tensor, want: &Tensor, v: &Tensor, what: &str) -> Result<(), TestCaseError> {
+fn check(
+    c: &Case,
+    got: &Tensor,
+    want: &Tensor,
+    v: &Tensor,
+    what: &str,
+) -> Result<(), TestCaseError> {
     let dtype = if c.f16 { DType::F16 } else { DType::BF16 };
     prop_assert_eq!(got.dtype(), dtype);
     let u = if c.f16 { 2f32.powi(-11) } else { 2f32.powi(-8) };
@@ -132,12 +143,18 @@ fn check(c: &Case, got: &Tensor, want: &Tensor, v: &Tensor, what: &str) -> Resul
     let (g, w) = (flat(got), flat(want));
     for (row, (gr, wr)) in g.chunks(dv).zip(w.chunks(dv)).enumerate() {
         if wr.iter().all(|&x| x == 0.0) {
-            prop_assert!(gr.iter().all(|&x| x == 0.0), "{what}: row {row} should be zeros, got {gr:?} for {c:?}");
+            prop_assert!(
+                gr.iter().all(|&x| x == 0.0),
+                "{what}: row {row} should be zeros, got {gr:?} for {c:?}"
+            );
             continue;
         }
         for (x, y) in gr.iter().zip(wr) {
             let tol = u * y.abs() + u * vmax + 1e-5;
-            prop_assert!((x - y).abs() <= tol, "{what}: row {row}: {x} vs {y} (tol {tol}) for {c:?}");
+            prop_assert!(
+                (x - y).abs() <= tol,
+                "{what}: row {row}: {x} vs {y} (tol {tol}) for {c:?}"
+            );
         }
     }
     Ok(())

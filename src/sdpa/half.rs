@@ -145,13 +145,24 @@ pub(crate) fn convert_rows(
 /// The query block `q[i * qs ..][..d]`, `i < nq`, as `f32` and transposed the way the `f32`
 /// score kernels read it: `qt[dd * BQ + i]`, zero for `nq <= i < 16 * ceil(nq / 16)`. Once
 /// per task, so a scalar loop is enough.
-pub(crate) fn convert_queries(q: &[u16], qs: usize, nq: usize, d: usize, f16: bool, qt: &mut [f32]) {
+pub(crate) fn convert_queries(
+    q: &[u16],
+    qs: usize,
+    nq: usize,
+    d: usize,
+    f16: bool,
+    qt: &mut [f32],
+) {
     assert!(nq <= BQ && qt.len() >= d * BQ);
     assert!(nq == 0 || q.len() >= (nq - 1) * qs + d);
     let padded = nq.div_ceil(16) * 16;
     for (dd, col) in qt.chunks_exact_mut(BQ).take(d).enumerate() {
         for (i, x) in col[..padded].iter_mut().enumerate() {
-            *x = if i < nq { to_f32(q[i * qs + dd], f16) } else { 0.0 };
+            *x = if i < nq {
+                to_f32(q[i * qs + dd], f16)
+            } else {
+                0.0
+            };
         }
     }
 }
@@ -167,7 +178,14 @@ pub(crate) mod dot {
 
     /// Packs the query block for [`scores`]: word `p * BQ + i` = bf16 pair `(q[i][2p],
     /// q[i][2p + 1])`, into `qt` (`ceil(d / 2) * BQ` words used).
-    pub(crate) fn pack_queries(kind: Kind, q: &[u16], qs: usize, nq: usize, d: usize, qt: &mut [f32]) {
+    pub(crate) fn pack_queries(
+        kind: Kind,
+        q: &[u16],
+        qs: usize,
+        nq: usize,
+        d: usize,
+        qt: &mut [f32],
+    ) {
         assert!(kind == Kind::Bf16Dot);
         assert!(nq <= BQ && qt.len() >= d.div_ceil(2) * BQ);
         assert!(nq == 0 || q.len() >= (nq - 1) * qs + d);
@@ -197,7 +215,14 @@ pub(crate) mod dot {
     }
 
     /// Packs the values of `nk` keys (bf16 rows at stride `vs`) in key pairs into `vp`.
-    pub(crate) fn pack_values(kind: Kind, v: &[u16], vs: usize, nk: usize, dv: usize, vp: &mut [f32]) {
+    pub(crate) fn pack_values(
+        kind: Kind,
+        v: &[u16],
+        vs: usize,
+        nk: usize,
+        dv: usize,
+        vp: &mut [f32],
+    ) {
         assert!(kind == Kind::Bf16Dot);
         assert!(vp.len() >= nk.div_ceil(2) * dv.div_ceil(16) * 16);
         assert!(nk == 0 || v.len() >= (nk - 1) * vs + dv);
@@ -232,7 +257,17 @@ pub(crate) mod dot {
         k::pack_probs(st.as_mut_ptr(), nk, nv);
         // SAFETY: as above; the packed tile is ceil(nk / 2) * BQ <= nk * BQ words, `vp` and
         // `alpha` lengths asserted, the rows of `o` are the caller's contract.
-        k::pv_bf16(st.as_ptr(), nk, vp.as_ptr(), dv, o, os, nq, alpha.as_ptr(), first)
+        k::pv_bf16(
+            st.as_ptr(),
+            nk,
+            vp.as_ptr(),
+            dv,
+            o,
+            os,
+            nq,
+            alpha.as_ptr(),
+            first,
+        )
     }
 }
 

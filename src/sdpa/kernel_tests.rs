@@ -289,8 +289,14 @@ fn half_kernels_match_the_reference() {
                     half_dot,
                 };
                 for (name, got) in [
-                    ("tiled", tiled::attention_with(&q, &k, &v, &parts, scale, &cfg)),
-                    ("decode", decode::attention_with(&q, &k, &v, &parts, scale, &cfg)),
+                    (
+                        "tiled",
+                        tiled::attention_with(&q, &k, &v, &parts, scale, &cfg),
+                    ),
+                    (
+                        "decode",
+                        decode::attention_with(&q, &k, &v, &parts, scale, &cfg),
+                    ),
                 ] {
                     let got = got.unwrap();
                     assert_eq!(got.dtype(), dtype);

@@ -680,9 +680,9 @@ pub(crate) unsafe fn query_group(
             let o_sub = o.ptr.add(si * BQ * o.stride);
             let first = !sub.started;
             match kv {
-                BlockKv::F32 { v, vs, .. } => {
-                    pv(isa, st, nk, v, vs, dv, o_sub, o.stride, nq, sub.alpha, first)
-                }
+                BlockKv::F32 { v, vs, .. } => pv(
+                    isa, st, nk, v, vs, dv, o_sub, o.stride, nq, sub.alpha, first,
+                ),
                 // SAFETY: as above (the rows of `o_sub`).
                 #[cfg(target_arch = "x86_64")]
                 BlockKv::Dot { vp, .. } => half::dot::pv(
@@ -741,7 +741,11 @@ enum BlockKv<'t> {
     /// bf16 key rows in place (stride `ks`, from key `j0`) and the values packed in key pairs
     /// ([`half::dot::pack_values`]).
     #[cfg(target_arch = "x86_64")]
-    Dot { k: &'t [u16], ks: usize, vp: &'t [f32] },
+    Dot {
+        k: &'t [u16],
+        ks: usize,
+        vp: &'t [f32],
+    },
 }
 
 /// The block of keys `j0 .. j0 + nk` of one key/value head (`k`, `v`: the head's rows at
