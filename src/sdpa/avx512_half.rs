@@ -148,7 +148,11 @@ unsafe fn scores_nv<const NV: usize>(
         scores_tile::<NV, RS>(qt, d, k.add(j * ks), ks, st.add(j * BQ), c);
         j += RS;
     }
-    // SAFETY: as in the loop for the remaining nk - j < RS keys.
+    if j == nk {
+        return;
+    }
+    // SAFETY: as in the loop for the remaining 0 < nk - j < RS keys (key j exists, so both
+    // offsets are inside their allocations).
     let (kj, sj) = (k.add(j * ks), st.add(j * BQ));
     match nk - j {
         1 => scores_tile::<NV, 1>(qt, d, kj, ks, sj, c),
@@ -224,7 +228,7 @@ unsafe fn scores_tile<const NV: usize, const R: usize>(
 pub unsafe fn pack_values(v: *const u16, vs: usize, nk: usize, dv: usize, vp: *mut f32) {
     let vps = dv.div_ceil(16) * 16;
     for jp in 0..nk.div_ceil(2) {
-        let (r0, r1) = (v.add(2 * jp * vs), v.add((2 * jp + 1) * vs));
+        let r0 = v.add(2 * jp * vs);
         let odd_missing = 2 * jp + 1 >= nk;
         let mut c0 = 0;
         while c0 < dv {
@@ -235,6 +239,7 @@ pub unsafe fn pack_values(v: *const u16, vs: usize, nk: usize, dv: usize, vp: *m
             let hi = if odd_missing {
                 _mm512_setzero_si512()
             } else {
+                let r1 = v.add((2 * jp + 1) * vs);
                 _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r1.add(c0) as _))
             };
             let w = _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi));
@@ -271,7 +276,7 @@ pub unsafe fn pack_probs(st: *mut f32, nk: usize, nv: usize) {
             } else {
                 _mm512_loadu_ps(r0.add(BQ + 16 * v))
             };
-            let both: __m512i = transmute(_mm512_cvtne2ps_pbh(hi, lo));
+            let both = transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo));
             let w = _mm512_permutexvar_epi16(idx, both);
             _mm512_storeu_ps(st.add(jp * BQ + 16 * v), _mm512_castsi512_ps(w));
         }
@@ -356,7 +361,10 @@ unsafe fn pv_cols<const NV: usize, const FULL: bool>(
         );
         i += RP;
     }
-    // SAFETY: as in the loop for the remaining nq - i < RP rows.
+    if i == nq {
+        return;
+    }
+    // SAFETY: as in the loop for the remaining 0 < nq - i < RP rows (row i exists).
     let (pi, oi, ai) = (pt.add(i), o.add(i * os), alpha.add(i));
     match nq - i {
         1 => pv_tile::<NV, 1, FULL>(pi, nk, vp, vps, oi, os, ai, tail, first),

@@ -84,20 +84,17 @@ impl Kind {
     pub(crate) fn tile_len(self, d: usize, dv: usize, block_k: usize) -> usize {
         match self {
             Kind::F32 => 0,
-            Kind::F16 | Kind::Bf16 => block_k * (d + dv),
+            // Also the query block's rows (64 × d) before they are transposed.
+            Kind::F16 | Kind::Bf16 => block_k.max(BQ) * (d + dv),
             Kind::Bf16Dot => block_k.div_ceil(2) * dv.div_ceil(16) * 16,
         }
     }
 }
 
 /// Whether AVX-512 conversion kernels may run under `isa` (AVX-512 BW/VL checked here).
+#[cfg(target_arch = "x86_64")]
 fn simd_convert(isa: Isa) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        return has_bw_vl();
-    }
-    let _ = isa;
-    false
+    isa == Isa::Avx512 && has_bw_vl()
 }
 
 /// One half-precision element (bits) as `f32`.
@@ -123,8 +120,10 @@ pub(crate) fn convert_rows(
 ) {
     assert!(dst.len() >= rows * cols);
     assert!(rows == 0 || src.len() >= (rows - 1) * ss + cols);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa;
+    #[cfg(target_arch = "x86_64")]
     if simd_convert(isa) {
-        #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX-512F (`Isa::Avx512`) and BW/VL (`simd_convert`) detected; the lengths
         // asserted above are `convert_rows`'s preconditions.
         unsafe {
@@ -138,31 +137,6 @@ pub(crate) fn convert_rows(
             .zip(&src[r * ss..r * ss + cols])
         {
             *o = to_f32(x, f16);
-        }
-    }
-}
-
-/// The query block `q[i * qs ..][..d]`, `i < nq`, as `f32` and transposed the way the `f32`
-/// score kernels read it: `qt[dd * BQ + i]`, zero for `nq <= i < 16 * ceil(nq / 16)`. Once
-/// per task, so a scalar loop is enough.
-pub(crate) fn convert_queries(
-    q: &[u16],
-    qs: usize,
-    nq: usize,
-    d: usize,
-    f16: bool,
-    qt: &mut [f32],
-) {
-    assert!(nq <= BQ && qt.len() >= d * BQ);
-    assert!(nq == 0 || q.len() >= (nq - 1) * qs + d);
-    let padded = nq.div_ceil(16) * 16;
-    for (dd, col) in qt.chunks_exact_mut(BQ).take(d).enumerate() {
-        for (i, x) in col[..padded].iter_mut().enumerate() {
-            *x = if i < nq {
-                to_f32(q[i * qs + dd], f16)
-            } else {
-                0.0
-            };
         }
     }
 }

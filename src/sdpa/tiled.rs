@@ -592,7 +592,7 @@ pub(crate) unsafe fn query_group(
         let (l, r) = r.split_at_mut(BQ);
         let (alpha, r) = r.split_at_mut(BQ);
         rest = r;
-        load_queries(isa, kind, q.from(si0 * qsr), qsr, nq, d, qt);
+        load_queries(isa, kind, q.from(si0 * qsr), qsr, nq, d, qt, tile);
         m.fill(f32::NEG_INFINITY);
         l.fill(0.0);
         let kend = inp.key_limit(b, si0, nq).min(keys.end);
@@ -798,14 +798,29 @@ fn block_kv<'t>(
 }
 
 /// The query block `q[i * qs ..][..d]`, `i < nq`, as the score kernel of `kind` reads it:
-/// transposed to `f32` `qt[dd * BQ + i]` (see [`transpose_queries`]), or packed in bf16 pairs
-/// for [`Kind::Bf16Dot`].
-fn load_queries(isa: Isa, kind: Kind, q: Data, qs: usize, nq: usize, d: usize, qt: &mut [f32]) {
+/// transposed to `f32` `qt[dd * BQ + i]` (see [`transpose_queries`]; half rows are first
+/// converted into `tile`, at least `nq * d` floats), or packed in bf16 pairs for
+/// [`Kind::Bf16Dot`].
+#[allow(clippy::too_many_arguments)]
+fn load_queries(
+    isa: Isa,
+    kind: Kind,
+    q: Data,
+    qs: usize,
+    nq: usize,
+    d: usize,
+    qt: &mut [f32],
+    tile: &mut [f32],
+) {
     match q {
         Data::F32(q) => transpose_queries(isa, q, qs, nq, d, qt),
         #[cfg(target_arch = "x86_64")]
         Data::Half(q) if kind == Kind::Bf16Dot => half::dot::pack_queries(kind, q, qs, nq, d, qt),
-        Data::Half(q) => half::convert_queries(q, qs, nq, d, kind == Kind::F16, qt),
+        Data::Half(q) => {
+            let rows = &mut tile[..nq * d];
+            half::convert_rows(isa, q, qs, nq, d, kind == Kind::F16, rows);
+            transpose_queries(isa, rows, d, nq, d, qt);
+        }
     }
 }
 
