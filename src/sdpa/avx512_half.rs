@@ -477,3 +477,33 @@ pub unsafe fn convert_rows(
         }
     }
 }
+
+/// `n` floats rounded to f16 (`f16`, `vcvtps2ph`, to nearest even) or bf16 (to nearest even
+/// in integer arithmetic, NaN kept quiet: bit for bit what `half::bf16::from_f32` gives,
+/// denormals included), as 16-bit patterns.
+///
+/// # Safety
+/// AVX-512F/BW/VL available; `src` readable and `dst` writable for `n` elements.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub unsafe fn round_to_half(src: *const f32, n: usize, f16: bool, dst: *mut u16) {
+    let mut i = 0;
+    while i < n {
+        let m = mask16(n - i);
+        // SAFETY: elements i .. i + popcount(m) <= n; masked lanes are not touched.
+        let x = _mm512_maskz_loadu_ps(m, src.add(i));
+        let h = if f16 {
+            _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x)
+        } else {
+            let b = _mm512_castps_si512(x);
+            let hi = _mm512_srli_epi32::<16>(b);
+            let lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+            let bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb);
+            let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(b, bias));
+            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+            let quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
+            _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet))
+        };
+        _mm256_mask_storeu_epi16(dst.add(i) as _, m, h);
+        i += 16;
+    }
+}

@@ -63,7 +63,7 @@ pub fn attention_with(
     let prep = Prepared::new(q, k, v, mask, scale)?;
     let isa = Isa::detect(cfg.force_portable);
     let kind = Kind::choose(prep.in_dtype, isa, cfg.half_dot);
-    prep.run(kind, |inp, out| run(isa, inp, out, cfg.block_k))
+    prep.run(isa, kind, |inp, out| run(isa, inp, out, cfg.block_k))
 }
 
 fn run(isa: Isa, inp: &Inputs, out: OutRows, bk: usize) {

@@ -21,7 +21,9 @@
 //! tiles, tasks and calls; the output accumulator is the output block itself. The output is
 //! laid out `(B, L, H, Dv)` and returned as its `(B, H, L, Dv)` transposed view: multi-head
 //! attention reads it as the concatenated heads `(B, L, H · Dv)` without a copy. Extra memory is
-//! therefore the output plus `threads × (4 · (D + 3) + block_k) · 64` floats.
+//! therefore the output plus `threads × (4 · (D + 3) + block_k) · 64` floats, and for half
+//! inputs the key/value tiles per thread (`max(block_k, 64) · (D + Dv)` floats converted, or
+//! `block_k / 2 · Dv` packed bf16 pairs) and the `f32` output before its final rounding.
 //!
 //! Instruction sets are chosen at run time: AVX-512F micro-kernels (the private `avx512` module) when
 //! `is_x86_feature_detected!` finds AVX-512F (with AVX2 and FMA), otherwise portable Rust
@@ -29,11 +31,11 @@
 //! `target-cpu` flag is needed.
 //!
 //! `f16`/`bf16` inputs are read in place and converted per tile, never as a whole tensor
-//! ([`super::half`]): bf16 on a CPU with AVX-512 BF16 runs both products with `vdpbf16ps`
-//! (bf16 pairs, `f32` accumulation, probabilities rounded to bf16 for `P·V`); f16, and bf16
-//! elsewhere, convert each key/value block and query block to `f32` as a task loads it. The
-//! softmax statistics and the output accumulator are always `f32`; the output is rounded to
-//! the input dtype at the end.
+//! (the private module `sdpa::half`): bf16 on a CPU with AVX-512 BF16 runs both products
+//! with `vdpbf16ps` (bf16 pairs, `f32` accumulation, probabilities rounded to bf16 for
+//! `P·V`); f16, and bf16 elsewhere, convert each key/value block and query block to `f32` as
+//! a task loads it. The softmax statistics and the output accumulator are always `f32`; the
+//! output is rounded to the input dtype at the end.
 //!
 //! Fully masked query rows give zeros, as in [`super::naive`]. Inputs may be strided views
 //! (e.g. the `(B, L, H, D) → (B, H, L, D)` transpose of a projection) as long as the head
@@ -116,7 +118,7 @@ pub fn attention_with(
     };
     let isa = Isa::detect(cfg.force_portable);
     let kind = Kind::choose(prep.in_dtype, isa, cfg.half_dot);
-    prep.run(kind, |inp, out| run_tiled(isa, inp, out, cfg.block_k, g))
+    prep.run(isa, kind, |inp, out| run_tiled(isa, inp, out, cfg.block_k, g))
 }
 
 /// Inputs validated, in their own dtype with a unit-stride last dimension (masks as `f32`).
@@ -375,6 +377,7 @@ impl Prepared {
     /// would be a wasted pass over the output).
     pub(crate) fn run(
         &self,
+        isa: Isa,
         kind: Kind,
         kernel: impl FnOnce(&Inputs, OutRows),
     ) -> candle::Result<Tensor> {
@@ -426,11 +429,11 @@ impl Prepared {
         // rows of Dv floats (`run_tiled`: every (batch, head, query group) task zeroes then
         // accumulates its rows; the decode merge writes every (batch, head, query) row).
         unsafe { out.set_len(len) };
-        let out = Tensor::from_vec(out, (b, l, h, dv), &Device::Cpu)?;
         let out = if self.in_dtype == DType::F32 {
-            out
+            Tensor::from_vec(out, (b, l, h, dv), &Device::Cpu)?
         } else {
-            out.to_dtype(self.in_dtype)?
+            let f16 = self.in_dtype == DType::F16;
+            half::half_tensor(half::round_to_half(isa, &out, f16), f16, (b, l, h, dv))?
         };
         out.transpose(1, 2)
     }
