@@ -118,7 +118,9 @@ pub fn attention_with(
     };
     let isa = Isa::detect(cfg.force_portable);
     let kind = Kind::choose(prep.in_dtype, isa, cfg.half_dot);
-    prep.run(isa, kind, |inp, out| run_tiled(isa, inp, out, cfg.block_k, g))
+    prep.run(isa, kind, |inp, out| {
+        run_tiled(isa, inp, out, cfg.block_k, g)
+    })
 }
 
 /// Inputs validated, in their own dtype with a unit-stride last dimension (masks as `f32`).
