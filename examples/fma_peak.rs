@@ -9,8 +9,11 @@
 //! cargo run --release --example fma_peak -- 1 2 4   # the thread counts to try
 //! ```
 //!
-//! On the 2-core development machine: fp32 189.7 GFLOP/s on one thread, 378.7 on two;
-//! bf16 (`vdpbf16ps`) BF16_PEAK_FIGURES.
+//! On the 2-core development machine (AMD EPYC with AVX-512 BF16): fp32 189.7 GFLOP/s on one
+//! thread, 378.7 on two, measured idle. `vdpbf16ps` runs at twice the fp32 rate: 231.7 against
+//! 115.4 GFLOP/s on one thread in the same run (the machine was shared then, so both were
+//! below their idle figures; the ratio was 1.7–2.5, about 2.0 in most runs), so the idle bf16
+//! ceiling is about 2 × 379 ≈ 760 GFLOP/s on two cores (extrapolated, not measured idle).
 
 use std::time::Instant;
 
