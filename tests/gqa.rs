@@ -155,7 +155,7 @@ fn sdpa_matches_torch_enable_gqa_on_every_path() {
             let cfg = tiled::TiledConfig {
                 block_k: 48,
                 force_portable,
-                blocks_per_task: None,
+                ..Default::default()
             };
             let t = tiled::attention_with(
                 &q,

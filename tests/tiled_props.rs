@@ -143,7 +143,7 @@ proptest! {
         let mut rng = Rng(c.seed);
         let (q, k, v, mask) = inputs(&c, &mut rng);
         let want = reference(&q, &k, &v, &mask, c.scale);
-        let cfg = TiledConfig { block_k: c.block_k, force_portable: c.portable, blocks_per_task: c.blocks_per_task };
+        let cfg = TiledConfig { block_k: c.block_k, force_portable: c.portable, blocks_per_task: c.blocks_per_task, ..Default::default() };
         let got = tiled::attention_with(&q, &k, &v, &parts(&mask, &q, &k), scale_of(&c), &cfg).unwrap();
         let err = max_abs_diff(&got, &want);
         prop_assert!(err <= 1e-5, "max abs error {err} for {c:?}");
@@ -175,9 +175,11 @@ proptest! {
         prop_assert!(err <= 1e-5, "max abs error {err} for {c:?}");
     }
 
-    /// Half precision: both kernels compute in f32 (agreeing to ~1e-6) and round once to the
-    /// input dtype at the end, so they may differ by the rounding of the output: at most one
-    /// unit in the last place, `eps · max(1, |x|)` with eps = 2^-10 (f16) or 2^-7 (bf16).
+    /// Half precision: both kernels accumulate in f32 and round once to the input dtype at the
+    /// end, so they may differ by the rounding of the output: at most one unit in the last
+    /// place, `eps · max(1, |x|)` with eps = 2^-10 (f16) or 2^-7 (bf16). On CPUs with AVX-512
+    /// BF16 the tiled kernel also rounds the softmax probabilities to bf16 before `P·V`
+    /// (relative 2^-8 each, so at most `2^-8 · max |v|` on the convex combination).
     #[test]
     fn tiled_matches_naive_half(c in case_strategy(), bf16 in any::<bool>()) {
         let dtype = if bf16 { DType::BF16 } else { DType::F16 };
@@ -186,13 +188,15 @@ proptest! {
         let (q, k, v, mask) = inputs(&c, &mut rng);
         let (q, k, v) = (q.to_dtype(dtype).unwrap(), k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap());
         let want = reference(&q, &k, &v, &mask, c.scale);
-        let cfg = TiledConfig { block_k: c.block_k, force_portable: c.portable, blocks_per_task: c.blocks_per_task };
+        let cfg = TiledConfig { block_k: c.block_k, force_portable: c.portable, blocks_per_task: c.blocks_per_task, ..Default::default() };
         let got = tiled::attention_with(&q, &k, &v, &parts(&mask, &q, &k), scale_of(&c), &cfg).unwrap();
         prop_assert_eq!(got.dtype(), dtype);
         let g = got.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
         let w = want.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let vmax = if bf16 { v.to_dtype(DType::F32).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap() } else { 0.0 };
         for (x, y) in g.iter().zip(&w) {
-            prop_assert!((x - y).abs() <= eps * y.abs().max(1.0), "{x} vs {y} for {c:?}");
+            let tol = eps * y.abs().max(1.0) + 2f32.powi(-8) * vmax;
+            prop_assert!((x - y).abs() <= tol, "{x} vs {y} for {c:?}");
         }
     }
 }

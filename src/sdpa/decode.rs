@@ -13,6 +13,7 @@
 //!
 //! Extra memory: `O(B · H · chunks · L · Dv)` for the partials. Fully masked rows give zeros.
 
+use super::half::Kind;
 use super::tiled::{
     group_scratch_len, query_group, Inputs, OutBlock, OutRows, Prepared, TiledConfig, BQ,
 };
@@ -41,7 +42,8 @@ pub fn attention(
     attention_with(q, k, v, mask, scale, &TiledConfig::default())
 }
 
-/// [`attention`] with a [`TiledConfig`] (`block_k` and `force_portable` are honoured):
+/// [`attention`] with a [`TiledConfig`] (`block_k`, `force_portable` and `half_dot` are
+/// honoured):
 /// `q` `(B, H, L, D)`, `k` `(B, Hkv, S, D)`, `v` `(B, Hkv, S, Dv)` → `(B, H, L, Dv)`.
 /// More than 256 queries take the plain tiled kernel.
 pub fn attention_with(
@@ -60,7 +62,8 @@ pub fn attention_with(
     }
     let prep = Prepared::new(q, k, v, mask, scale)?;
     let isa = Isa::detect(cfg.force_portable);
-    prep.run(|inp, out| run(isa, inp, out, cfg.block_k))
+    let kind = Kind::choose(prep.in_dtype, isa, cfg.half_dot);
+    prep.run(isa, kind, |inp, out| run(isa, inp, out, cfg.block_k))
 }
 
 fn run(isa: Isa, inp: &Inputs, out: OutRows, bk: usize) {
@@ -74,7 +77,7 @@ fn run(isa: Isa, inp: &Inputs, out: OutRows, bk: usize) {
     let nchunks = s.div_ceil(chunk);
     let part_len = l * (dv + 2);
     let mut parts = vec![0f32; d.b * d.h * nchunks * part_len];
-    let scratch_len = group_scratch_len(d.d, bk, g);
+    let scratch_len = group_scratch_len(d.d, dv, bk, g, inp.kind);
     parts
         .par_chunks_mut(part_len)
         .enumerate()

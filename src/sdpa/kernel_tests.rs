@@ -8,7 +8,7 @@
 use super::tiled::{TiledConfig, BQ};
 use super::{decode, tiled};
 use crate::mask::{AttentionShape, Mask, MaskParts};
-use candle::{Device, Tensor};
+use candle::{DType, Device, Tensor};
 
 /// `softmax(q kᵀ · scale + bias) v` for one `(b, h)`, row by row, in f64.
 #[allow(clippy::too_many_arguments)]
@@ -69,6 +69,7 @@ fn check_both_kernels(
             block_k: 16,
             force_portable,
             blocks_per_task: None,
+            half_dot: true,
         };
         for (name, got) in [
             ("tiled", tiled::attention_with(q, k, v, parts, scale, &cfg)),
@@ -207,4 +208,149 @@ fn kernels_pick_the_key_value_head_of_each_query_group() {
         let case = format!("h {h} hkv {hkv} l {l} s {s}");
         check_both_kernels(&q, &k, &v, &parts, scale, &want, &case);
     }
+}
+
+/// `x` rounded to bf16 (`f16: false`) or f16 and back, as candle rounds (to nearest even).
+fn round_half(x: &[f32], f16: bool) -> Vec<f32> {
+    x.iter()
+        .map(|&v| {
+            if f16 {
+                half::f16::from_f32(v).to_f32()
+            } else {
+                half::bf16::from_f32(v).to_f32()
+            }
+        })
+        .collect()
+}
+
+/// Half-precision inputs through every tile path (bf16 with `vdpbf16ps` where the CPU has it,
+/// bf16 and f16 converted per tile with AVX-512 or portable code), tiled and decode kernels,
+/// against the f64 reference on the same (rounded) inputs. Shapes straddle the pair packing:
+/// odd head sizes and key counts, key blocks of 16 cut by padding and causal limits.
+///
+/// The bound: the output is rounded once to the input dtype (half an ulp, `u · |y|` with unit
+/// roundoff `u` = 2^-8 for bf16, 2^-11 for f16), and on the bf16 dot path every probability
+/// is rounded to bf16 before `P·V` (relative `2^-8` each, at most `2^-8 · max |v|` in a
+/// convex combination); `1e-5` covers the `f32` arithmetic.
+#[test]
+fn half_kernels_match_the_reference() {
+    let dev = Device::Cpu;
+    for f16 in [false, true] {
+        let dtype = if f16 { DType::F16 } else { DType::BF16 };
+        let u = if f16 { 2f32.powi(-11) } else { 2f32.powi(-8) };
+        for (l, s, d, dv, causal, valid) in [
+            (1, 1, 1, 1, None, 1),
+            (3, 15, 3, 5, None, 15),
+            (5, 16, 8, 17, Some(2), 16),
+            (BQ + 1, 33, 33, 16, None, 30),
+            (BQ - 1, 17, 2, 3, Some(0), 17),
+            (2, 40, 17, 65, None, 11),
+            (7, 20, 8, 8, None, 0),
+        ] {
+            let qv = round_half(&values(l * d, 0.5), f16);
+            let kv = round_half(&values(s * d, 1.5), f16);
+            let vv = round_half(&values(s * dv, 2.5), f16);
+            let q = Tensor::from_vec(qv.clone(), (1, 1, l, d), &dev).unwrap();
+            let k = Tensor::from_vec(kv.clone(), (1, 1, s, d), &dev).unwrap();
+            let v = Tensor::from_vec(vv.clone(), (1, 1, s, dv), &dev).unwrap();
+            let (q, k, v) = (
+                q.to_dtype(dtype).unwrap(),
+                k.to_dtype(dtype).unwrap(),
+                v.to_dtype(dtype).unwrap(),
+            );
+            let mut mask = causal.map_or(Mask::none(), Mask::causal_with_offset);
+            if valid < s {
+                let pad: Vec<u8> = (0..s).map(|j| u8::from(j >= valid)).collect();
+                let pad = Tensor::from_vec(pad, (1, s), &dev).unwrap();
+                mask = mask.and(Mask::key_padding(pad).unwrap());
+            }
+            let shape = AttentionShape {
+                batch: 1,
+                heads: 1,
+                q_len: l,
+                k_len: s,
+            };
+            let parts = mask.decompose(shape, &dev).unwrap();
+            let scale = 1.0 / (d as f64).sqrt();
+            let bias = |i: usize, j: usize| {
+                if causal.is_some_and(|o| j > i + o) || j >= valid {
+                    f64::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            };
+            let want = reference_dv(&qv, &kv, &vv, &bias, (l, s, d, dv), scale);
+            let vmax = vv.iter().fold(0f32, |m, x| m.max(x.abs()));
+            for (force_portable, half_dot) in [(false, true), (false, false), (true, true)] {
+                let cfg = TiledConfig {
+                    block_k: 16,
+                    force_portable,
+                    blocks_per_task: None,
+                    half_dot,
+                };
+                for (name, got) in [
+                    (
+                        "tiled",
+                        tiled::attention_with(&q, &k, &v, &parts, scale, &cfg),
+                    ),
+                    (
+                        "decode",
+                        decode::attention_with(&q, &k, &v, &parts, scale, &cfg),
+                    ),
+                ] {
+                    let got = got.unwrap();
+                    assert_eq!(got.dtype(), dtype);
+                    let got = got
+                        .to_dtype(DType::F32)
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap();
+                    for (idx, (g, w)) in got.iter().zip(&want).enumerate() {
+                        let tol = u * w.abs() + u * vmax + 1e-5;
+                        assert!(
+                            (g - w).abs() <= tol,
+                            "{name} {dtype:?} (portable {force_portable}, dot {half_dot}) l {l} \
+                             s {s} d {d} dv {dv} causal {causal:?} valid {valid}: element \
+                             {idx} is {g}, want {w}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// [`reference`] with a value width `dv` of its own: `(l, s, d, dv)`.
+fn reference_dv(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    bias: &dyn Fn(usize, usize) -> f64,
+    (l, s, d, dv): (usize, usize, usize, usize),
+    scale: f64,
+) -> Vec<f32> {
+    let mut out = vec![0f32; l * dv];
+    for i in 0..l {
+        let scores: Vec<f64> = (0..s)
+            .map(|j| {
+                let dot: f64 = (0..d)
+                    .map(|c| q[i * d + c] as f64 * k[j * d + c] as f64)
+                    .sum();
+                dot * scale + bias(i, j)
+            })
+            .collect();
+        let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        if max == f64::NEG_INFINITY {
+            continue;
+        }
+        let p: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+        let sum: f64 = p.iter().sum();
+        for c in 0..dv {
+            let acc: f64 = (0..s).map(|j| p[j] * v[j * dv + c] as f64).sum();
+            out[i * dv + c] = (acc / sum) as f32;
+        }
+    }
+    out
 }

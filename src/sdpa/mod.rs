@@ -35,15 +35,21 @@
 //! kernels pick the key/value head per task. Neither copies K or V per query head.
 //!
 //! ## Precision
-//! For `f16`/`bf16` inputs, scores, softmax and the weighted sum are computed in `f32` and the
-//! result is cast back to the input dtype.
+//! For `f16`/`bf16` inputs, scores, softmax statistics and the weighted sum are accumulated in
+//! `f32` and the result is cast back to the input dtype. The naive path converts the inputs to
+//! `f32`; the tiled and decode kernels read them in place and convert per tile, and for bf16 on
+//! CPUs with AVX-512 BF16 multiply bf16 pairs directly (`vdpbf16ps`), rounding the softmax
+//! probabilities to bf16 before `P·V` (the module `half` says where every rounding happens).
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_half;
 pub mod blocked;
 pub mod decode;
 #[cfg(feature = "flash-attn")]
 pub mod flash_cuda;
+pub(crate) mod half;
 pub mod naive;
 pub mod tiled;
 pub mod varlen;

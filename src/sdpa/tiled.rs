@@ -21,20 +21,27 @@
 //! tiles, tasks and calls; the output accumulator is the output block itself. The output is
 //! laid out `(B, L, H, Dv)` and returned as its `(B, H, L, Dv)` transposed view: multi-head
 //! attention reads it as the concatenated heads `(B, L, H · Dv)` without a copy. Extra memory is
-//! therefore the output plus `threads × (4 · (D + 3) + block_k) · 64` floats.
+//! therefore the output plus `threads × (4 · (D + 3) + block_k) · 64` floats, and for half
+//! inputs the key/value tiles per thread (`max(block_k, 64) · (D + Dv)` floats converted, or
+//! `block_k / 2 · Dv` packed bf16 pairs) and the `f32` output before its final rounding.
 //!
 //! Instruction sets are chosen at run time: AVX-512F micro-kernels (the private `avx512` module) when
 //! `is_x86_feature_detected!` finds AVX-512F (with AVX2 and FMA), otherwise portable Rust
 //! kernels, compiled a second time with AVX2+FMA enabled for CPUs that have them. No
 //! `target-cpu` flag is needed.
 //!
-//! `f16`/`bf16` inputs are converted to `f32` up front (linear memory,
-//! `B · H · (L + 2S) · D` floats) and the result converted back: all arithmetic is `f32`.
+//! `f16`/`bf16` inputs are read in place and converted per tile, never as a whole tensor
+//! (the private module `sdpa::half`): bf16 on a CPU with AVX-512 BF16 runs both products
+//! with `vdpbf16ps` (bf16 pairs, `f32` accumulation, probabilities rounded to bf16 for
+//! `P·V`); f16, and bf16 elsewhere, convert each key/value block and query block to `f32` as
+//! a task loads it. The softmax statistics and the output accumulator are always `f32`; the
+//! output is rounded to the input dtype at the end.
 //!
 //! Fully masked query rows give zeros, as in [`super::naive`]. Inputs may be strided views
 //! (e.g. the `(B, L, H, D) → (B, H, L, D)` transpose of a projection) as long as the head
 //! dimension is contiguous; otherwise they are made contiguous first.
 
+use super::half::{self, Kind};
 use crate::mask::MaskParts;
 use crate::simd::{cpu_f32, with_scratch, Isa};
 use candle::{DType, Device, Tensor};
@@ -58,6 +65,9 @@ pub struct TiledConfig {
     /// Query blocks of [`BQ`] per task (1 to 4); `None` chooses from the shape and the thread
     /// count.
     pub blocks_per_task: Option<usize>,
+    /// bf16 inputs: use the AVX-512 BF16 dot-product kernels where the CPU has them (`true`,
+    /// the default); `false` converts bf16 tiles to `f32` instead, as on CPUs without them.
+    pub half_dot: bool,
 }
 
 impl Default for TiledConfig {
@@ -66,6 +76,7 @@ impl Default for TiledConfig {
             block_k: DEFAULT_BLOCK_K,
             force_portable: false,
             blocks_per_task: None,
+            half_dot: true,
         }
     }
 }
@@ -106,10 +117,13 @@ pub fn attention_with(
         Some(g) => candle::bail!("tiled attention: blocks_per_task must be 1 to 4, got {g}"),
     };
     let isa = Isa::detect(cfg.force_portable);
-    prep.run(|inp, out| run_tiled(isa, inp, out, cfg.block_k, g))
+    let kind = Kind::choose(prep.in_dtype, isa, cfg.half_dot);
+    prep.run(isa, kind, |inp, out| {
+        run_tiled(isa, inp, out, cfg.block_k, g)
+    })
 }
 
-/// Inputs validated, converted to `f32` with a unit-stride last dimension.
+/// Inputs validated, in their own dtype with a unit-stride last dimension (masks as `f32`).
 pub(crate) struct Prepared {
     q: Tensor,
     k: Tensor,
@@ -118,7 +132,7 @@ pub(crate) struct Prepared {
     bias: Option<Tensor>,
     causal: Option<usize>,
     qscale: f32,
-    in_dtype: DType,
+    pub(crate) in_dtype: DType,
     dims: Dims,
 }
 
@@ -134,11 +148,11 @@ pub(crate) struct Dims {
     pub dv: usize,
 }
 
-/// A strided `f32` 4-D view whose last dimension is contiguous: element `(b, h, r, c)` at
-/// `start + b * sb + h * sh + r * sr + c`.
+/// A strided 4-D view (of `f32`, or of f16/bf16 bits) whose last dimension is contiguous:
+/// element `(b, h, r, c)` at `start + b * sb + h * sh + r * sr + c`.
 #[derive(Clone, Copy)]
-pub(crate) struct Strided<'a> {
-    data: &'a [f32],
+pub(crate) struct Strided<'a, T = f32> {
+    data: &'a [T],
     start: usize,
     sb: usize,
     sh: usize,
@@ -147,8 +161,8 @@ pub(crate) struct Strided<'a> {
     cols: usize,
 }
 
-impl<'a> Strided<'a> {
-    fn new(data: &'a [f32], t: &Tensor, start: usize) -> Self {
+impl<'a, T> Strided<'a, T> {
+    fn new(data: &'a [T], t: &Tensor, start: usize) -> Self {
         let dims = t.dims();
         let st = t.stride();
         let s = |i: usize| if dims[i] == 1 { 0 } else { st[i] };
@@ -164,7 +178,7 @@ impl<'a> Strided<'a> {
     }
 
     /// The rows of `(b, h)`: row `r` starts at `r * self.sr`.
-    pub fn head(&self, b: usize, h: usize) -> &'a [f32] {
+    pub fn head(&self, b: usize, h: usize) -> &'a [T] {
         if self.rows == 0 || self.cols == 0 {
             return &[];
         }
@@ -173,11 +187,63 @@ impl<'a> Strided<'a> {
     }
 }
 
+/// The rows of one head: `f32`, or half-precision bits (f16 or bf16, per [`Kind`]).
+#[derive(Clone, Copy)]
+pub(crate) enum Data<'a> {
+    F32(&'a [f32]),
+    Half(&'a [u16]),
+}
+
+impl<'a> Data<'a> {
+    /// The elements from `start` on.
+    fn from(self, start: usize) -> Data<'a> {
+        match self {
+            Data::F32(x) => Data::F32(&x[start..]),
+            Data::Half(x) => Data::Half(&x[start..]),
+        }
+    }
+}
+
+/// `Q`, `K` or `V` of one call, in the input dtype.
+#[derive(Clone, Copy)]
+pub(crate) enum Rows<'a> {
+    F32(Strided<'a, f32>),
+    Half(Strided<'a, u16>),
+}
+
+impl<'a> Rows<'a> {
+    /// The rows of `(b, h)`: row `r` starts at `r * self.sr()`.
+    pub fn head(&self, b: usize, h: usize) -> Data<'a> {
+        match self {
+            Rows::F32(x) => Data::F32(x.head(b, h)),
+            Rows::Half(x) => Data::Half(x.head(b, h)),
+        }
+    }
+
+    /// The row stride.
+    pub fn sr(&self) -> usize {
+        match self {
+            Rows::F32(x) => x.sr,
+            Rows::Half(x) => x.sr,
+        }
+    }
+
+    fn new(storage: &'a candle::Storage, t: &Tensor, start: usize) -> candle::Result<Self> {
+        Ok(if t.dtype() == DType::F32 {
+            Rows::F32(Strided::new(cpu_f32(storage)?, t, start))
+        } else {
+            Rows::Half(Strided::new(half::cpu_half_bits(storage)?, t, start))
+        })
+    }
+}
+
 /// Borrowed inputs of one call, shared by all tasks.
 pub(crate) struct Inputs<'a> {
-    pub q: Strided<'a>,
-    pub k: Strided<'a>,
-    pub v: Strided<'a>,
+    pub q: Rows<'a>,
+    pub k: Rows<'a>,
+    pub v: Rows<'a>,
+    /// How the elements of `q`, `k`, `v` reach the micro-kernels.
+    pub kind: Kind,
     /// `(B, S)` key bias in the log2 domain.
     pub key_bias: Option<&'a [f32]>,
     /// Per batch row: one past the last key that is not padding.
@@ -205,6 +271,11 @@ fn f32_rows(t: &Tensor) -> candle::Result<Tensor> {
     } else {
         t.to_dtype(DType::F32)?
     };
+    unit_rows(t)
+}
+
+/// `t` itself when its last dimension is contiguous, else a contiguous copy (same dtype).
+fn unit_rows(t: Tensor) -> candle::Result<Tensor> {
     if t.stride()[3] == 1 || t.dim(3)? <= 1 {
         Ok(t)
     } else {
@@ -287,9 +358,9 @@ impl Prepared {
             }
         };
         Ok(Self {
-            q: f32_rows(q)?,
-            k: f32_rows(k)?,
-            v: f32_rows(v)?,
+            q: unit_rows(q.clone())?,
+            k: unit_rows(k.clone())?,
+            v: unit_rows(v.clone())?,
             key_bias,
             bias,
             causal: mask.causal_offset,
@@ -306,7 +377,12 @@ impl Prepared {
     ///
     /// The kernel gets the buffer uninitialised and must write every row (zeroing it first
     /// would be a wasted pass over the output).
-    pub(crate) fn run(&self, kernel: impl FnOnce(&Inputs, OutRows)) -> candle::Result<Tensor> {
+    pub(crate) fn run(
+        &self,
+        isa: Isa,
+        kind: Kind,
+        kernel: impl FnOnce(&Inputs, OutRows),
+    ) -> candle::Result<Tensor> {
         let Dims { b, h, l, s, dv, .. } = self.dims;
         if l == 0 || s == 0 || b == 0 || h == 0 || dv == 0 {
             return Tensor::zeros((b, h, l, dv), self.in_dtype, &Device::Cpu);
@@ -331,9 +407,10 @@ impl Prepared {
                 .collect(),
         };
         let inputs = Inputs {
-            q: Strided::new(cpu_f32(&qs)?, &self.q, ql.start_offset()),
-            k: Strided::new(cpu_f32(&ks)?, &self.k, kl.start_offset()),
-            v: Strided::new(cpu_f32(&vs)?, &self.v, vl.start_offset()),
+            q: Rows::new(&qs, &self.q, ql.start_offset())?,
+            k: Rows::new(&ks, &self.k, kl.start_offset())?,
+            v: Rows::new(&vs, &self.v, vl.start_offset())?,
+            kind,
             key_bias: self.key_bias.as_deref(),
             key_end,
             bias,
@@ -354,11 +431,11 @@ impl Prepared {
         // rows of Dv floats (`run_tiled`: every (batch, head, query group) task zeroes then
         // accumulates its rows; the decode merge writes every (batch, head, query) row).
         unsafe { out.set_len(len) };
-        let out = Tensor::from_vec(out, (b, l, h, dv), &Device::Cpu)?;
         let out = if self.in_dtype == DType::F32 {
-            out
+            Tensor::from_vec(out, (b, l, h, dv), &Device::Cpu)?
         } else {
-            out.to_dtype(self.in_dtype)?
+            let f16 = self.in_dtype == DType::F16;
+            half::half_tensor(half::round_to_half(isa, &out, f16), f16, (b, l, h, dv))?
         };
         out.transpose(1, 2)
     }
@@ -411,9 +488,9 @@ impl OutRows {
 }
 
 fn run_tiled(isa: Isa, inp: &Inputs, out: OutRows, bk: usize, g: usize) {
-    let Dims { b, h, l, d, .. } = inp.dims;
+    let Dims { b, h, l, d, dv, .. } = inp.dims;
     let groups = l.div_ceil(g * BQ);
-    let scratch_len = group_scratch_len(d, bk, g);
+    let scratch_len = group_scratch_len(d, dv, bk, g, inp.kind);
     (0..b * h * groups).into_par_iter().for_each(|t| {
         let (bh, gi) = (t / groups, t % groups);
         let (bb, hh) = (bh / h, bh % h);
@@ -445,9 +522,9 @@ struct SubBlock<'s> {
     alpha: &'s mut [f32],
 }
 
-/// Scratch floats [`query_group`] needs.
-pub(crate) fn group_scratch_len(d: usize, bk: usize, g: usize) -> usize {
-    g * (d * BQ + 3 * BQ) + bk * BQ
+/// Scratch floats [`query_group`] needs (`kind`: the key/value tiles of half inputs).
+pub(crate) fn group_scratch_len(d: usize, dv: usize, bk: usize, g: usize, kind: Kind) -> usize {
+    g * (d * BQ + 3 * BQ) + bk * BQ + kind.tile_len(d, dv, bk)
 }
 
 /// Output rows of one task: row `i < rows` is the `Dv` floats at `ptr + i * stride`.
@@ -501,9 +578,11 @@ pub(crate) unsafe fn query_group(
     let Dims { d, dv, .. } = inp.dims;
     let nq_total = o.rows;
     assert!(nq_total <= g * BQ && (nq_total <= 1 || o.stride >= dv));
-    let (st, mut rest) = scratch.split_at_mut(bk * BQ);
+    let kind = inp.kind;
+    let (st, rest) = scratch.split_at_mut(bk * BQ);
+    let (tile, mut rest) = rest.split_at_mut(kind.tile_len(d, dv, bk));
     let q = inp.q.head(b, h);
-    let qsr = inp.q.sr;
+    let qsr = inp.q.sr();
     // Up to 4 sub-blocks, carved out of the scratch without allocating.
     let mut subs: [Option<SubBlock>; 4] = [None, None, None, None];
     for (s, slot) in subs.iter_mut().enumerate().take(g) {
@@ -518,7 +597,7 @@ pub(crate) unsafe fn query_group(
         let (l, r) = r.split_at_mut(BQ);
         let (alpha, r) = r.split_at_mut(BQ);
         rest = r;
-        transpose_queries(isa, &q[si0 * qsr..], qsr, nq, d, qt);
+        load_queries(isa, kind, q.from(si0 * qsr), qsr, nq, d, qt, tile);
         m.fill(f32::NEG_INFINITY);
         l.fill(0.0);
         let kend = inp.key_limit(b, si0, nq).min(keys.end);
@@ -539,7 +618,7 @@ pub(crate) unsafe fn query_group(
     let kv_head = h / (inp.dims.h / inp.dims.hkv);
     let k = inp.k.head(b, kv_head);
     let v = inp.v.head(b, kv_head);
-    let (ksr, vsr) = (inp.k.sr, inp.v.sr);
+    let (ksr, vsr) = (inp.k.sr(), inp.v.sr());
     let kb_row = inp
         .key_bias
         .map(|kb| &kb[b * inp.dims.s..(b + 1) * inp.dims.s]);
@@ -557,6 +636,7 @@ pub(crate) unsafe fn query_group(
                 continue;
             }
         }
+        let kv = block_kv(isa, kind, k, ksr, v, vsr, j0, nk_block, (d, dv), tile);
         for (si, sub) in subs.iter_mut().enumerate() {
             let Some(sub) = sub else { break };
             if j0 >= sub.kend {
@@ -565,7 +645,13 @@ pub(crate) unsafe fn query_group(
             let nk = nk_block.min(sub.kend - j0);
             let (i0, nq, nv) = (sub.i0, sub.nq, sub.nv);
             let st = &mut st[..nk * BQ];
-            scores(isa, sub.qt, d, &k[j0 * ksr..], ksr, nk, st, nv, inp.qscale);
+            match kv {
+                BlockKv::F32 { k, ks, .. } => scores(isa, sub.qt, d, k, ks, nk, st, nv, inp.qscale),
+                #[cfg(target_arch = "x86_64")]
+                BlockKv::Dot { k, ks, .. } => {
+                    half::dot::scores(kind, sub.qt, d, k, ks, nk, st, nv, inp.qscale)
+                }
+            }
             if let Some(kb) = kb_row {
                 add_key_bias(isa, st, nk, &kb[j0..j0 + nk], nv);
             }
@@ -597,19 +683,17 @@ pub(crate) unsafe fn query_group(
             softmax_update(isa, st, nk, sub.m, sub.l, sub.alpha, nv);
             // SAFETY: rows si * BQ .. si * BQ + nq < o.rows of `o`, ours (the contract).
             let o_sub = o.ptr.add(si * BQ * o.stride);
-            pv(
-                isa,
-                st,
-                nk,
-                &v[j0 * vsr..],
-                vsr,
-                dv,
-                o_sub,
-                o.stride,
-                nq,
-                sub.alpha,
-                !sub.started,
-            );
+            let first = !sub.started;
+            match kv {
+                BlockKv::F32 { v, vs, .. } => pv(
+                    isa, st, nk, v, vs, dv, o_sub, o.stride, nq, sub.alpha, first,
+                ),
+                // SAFETY: as above (the rows of `o_sub`).
+                #[cfg(target_arch = "x86_64")]
+                BlockKv::Dot { vp, .. } => half::dot::pv(
+                    kind, st, nk, nv, vp, dv, o_sub, o.stride, nq, sub.alpha, first,
+                ),
+            }
             sub.started = true;
         }
         j0 += nk_block;
@@ -647,6 +731,103 @@ pub(crate) unsafe fn query_group(
 
 // ---------------------------------------------------------------------------------------------
 // Kernel dispatch: safe wrappers that check the lengths each kernel relies on.
+
+/// One key block (`nk` keys from `j0`) as the micro-kernels read it.
+#[derive(Clone, Copy)]
+enum BlockKv<'t> {
+    /// `f32` key and value rows (in place, or converted into the task's tile), at strides
+    /// `ks`, `vs`, starting at key `j0`.
+    F32 {
+        k: &'t [f32],
+        ks: usize,
+        v: &'t [f32],
+        vs: usize,
+    },
+    /// bf16 key rows in place (stride `ks`, from key `j0`) and the values packed in key pairs
+    /// ([`half::dot::pack_values`]).
+    #[cfg(target_arch = "x86_64")]
+    Dot {
+        k: &'t [u16],
+        ks: usize,
+        vp: &'t [f32],
+    },
+}
+
+/// The block of keys `j0 .. j0 + nk` of one key/value head (`k`, `v`: the head's rows at
+/// strides `ksr`, `vsr`) for the micro-kernels: `f32` rows are used in place, half rows are
+/// converted (or, for [`Kind::Bf16Dot`], the values packed) into `tile`.
+#[allow(clippy::too_many_arguments)]
+fn block_kv<'t>(
+    isa: Isa,
+    kind: Kind,
+    k: Data<'t>,
+    ksr: usize,
+    v: Data<'t>,
+    vsr: usize,
+    j0: usize,
+    nk: usize,
+    (d, dv): (usize, usize),
+    tile: &'t mut [f32],
+) -> BlockKv<'t> {
+    match (k, v) {
+        (Data::F32(k), Data::F32(v)) => BlockKv::F32 {
+            k: &k[j0 * ksr..],
+            ks: ksr,
+            v: &v[j0 * vsr..],
+            vs: vsr,
+        },
+        (Data::Half(k), Data::Half(v)) => {
+            #[cfg(target_arch = "x86_64")]
+            if kind == Kind::Bf16Dot {
+                half::dot::pack_values(kind, &v[j0 * vsr..], vsr, nk, dv, tile);
+                return BlockKv::Dot {
+                    k: &k[j0 * ksr..],
+                    ks: ksr,
+                    vp: tile,
+                };
+            }
+            let f16 = kind == Kind::F16;
+            let (kt, vt) = tile.split_at_mut(nk * d);
+            half::convert_rows(isa, &k[j0 * ksr..], ksr, nk, d, f16, kt);
+            half::convert_rows(isa, &v[j0 * vsr..], vsr, nk, dv, f16, vt);
+            BlockKv::F32 {
+                k: kt,
+                ks: d,
+                v: vt,
+                vs: dv,
+            }
+        }
+        // `Prepared::new` gives q, k and v one dtype, and `Rows::new` maps it to one variant.
+        _ => unreachable!("keys and values of one call share their dtype"),
+    }
+}
+
+/// The query block `q[i * qs ..][..d]`, `i < nq`, as the score kernel of `kind` reads it:
+/// transposed to `f32` `qt[dd * BQ + i]` (see [`transpose_queries`]; half rows are first
+/// converted into `tile`, at least `nq * d` floats), or packed in bf16 pairs for
+/// [`Kind::Bf16Dot`].
+#[allow(clippy::too_many_arguments)]
+fn load_queries(
+    isa: Isa,
+    kind: Kind,
+    q: Data,
+    qs: usize,
+    nq: usize,
+    d: usize,
+    qt: &mut [f32],
+    tile: &mut [f32],
+) {
+    match q {
+        Data::F32(q) => transpose_queries(isa, q, qs, nq, d, qt),
+        #[cfg(target_arch = "x86_64")]
+        Data::Half(q) if kind == Kind::Bf16Dot => half::dot::pack_queries(kind, q, qs, nq, d, qt),
+        Data::Half(q) => {
+            let rows = &mut tile[..nq * d];
+            half::convert_rows(isa, q, qs, nq, d, kind == Kind::F16, rows);
+            transpose_queries(isa, rows, d, nq, d, qt);
+        }
+    }
+}
 
 /// `qt[dd * BQ + i] = q[i * qs + dd]` for `i < nq`, `dd < d`, zero for
 /// `nq <= i < 16 * ceil(nq / 16)`: the query block as the score kernel reads it.
