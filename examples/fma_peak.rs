@@ -9,11 +9,10 @@
 //! cargo run --release --example fma_peak -- 1 2 4   # the thread counts to try
 //! ```
 //!
-//! On the 2-core development machine (AMD EPYC with AVX-512 BF16): fp32 189.7 GFLOP/s on one
-//! thread, 378.7 on two, measured idle. `vdpbf16ps` runs at twice the fp32 rate: 231.7 against
-//! 115.4 GFLOP/s on one thread in the same run (the machine was shared then, so both were
-//! below their idle figures; the ratio was 1.7–2.5, about 2.0 in most runs), so the idle bf16
-//! ceiling is about 2 × 379 ≈ 760 GFLOP/s on two cores (extrapolated, not measured idle).
+//! On the 2-core development machine (AMD EPYC, Zen 4, with AVX-512 BF16), measured idle on
+//! 2026-11-30: fp32 117.3 GFLOP/s on one thread and 232.2 on two; `vdpbf16ps` 234.4 and 468.3,
+//! twice the fp32 rate. (An earlier session measured fp32 189.7 / 378.7 on what was evidently a
+//! faster host of the same virtual machine.)
 
 use std::time::Instant;
 
