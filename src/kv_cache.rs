@@ -145,9 +145,19 @@ impl KvCache {
             // cache per step instead of one). The spare positions are never read.
             // (`contiguous` is free for the buffers `append` makes; it guards the autograd
             // path, whose concatenation may return a strided view.)
+            // The row ids are read to the host once for both buffers (CPU only).
+            let ids = if kv.0.device().is_cpu() {
+                host_row_ids(rows)?
+            } else {
+                None
+            };
             let gather = |buf: &Tensor| -> candle::Result<Tensor> {
                 let buf = buf.contiguous()?;
-                match gather_rows_cpu(&buf, rows, self.len)? {
+                let gathered = match &ids {
+                    Some(ids) => gather_rows_cpu(&buf, ids, self.len)?,
+                    None => None,
+                };
+                match gathered {
                     Some(gathered) => Ok(gathered),
                     None => buf.index_select(rows, 0),
                 }
@@ -159,73 +169,61 @@ impl KvCache {
     }
 }
 
-/// Rows `rows` (`U32`) of a contiguous CPU buffer `(B, H, capacity, head_dim)`, copying only
-/// the first `len` positions of each (row, head) and zero-filling the spare capacity, in one
-/// pass; `None` for anything else (another device, a tensor tracking its gradient, a dtype
-/// without a case here), which the caller gathers with `index_select`. Beam search reorders
-/// every step: candle's `index_select` zeroes the whole output and then copies every position,
-/// spare ones included (5% of a MarianMT beam-search step at 32 rows).
-fn gather_rows_cpu(buf: &Tensor, rows: &Tensor, len: usize) -> candle::Result<Option<Tensor>> {
+/// The ids of a `U32` row index `(B')` on the CPU, or `None` for another index (dtype, rank,
+/// device), which the caller leaves to `index_select`.
+fn host_row_ids(rows: &Tensor) -> candle::Result<Option<Vec<u32>>> {
+    if !rows.device().is_cpu() || rows.dtype() != candle::DType::U32 || rows.rank() != 1 {
+        return Ok(None);
+    }
+    rows.to_vec1::<u32>().map(Some)
+}
+
+/// Rows `ids` of a contiguous CPU buffer `(B, H, capacity, head_dim)`, copying only the first
+/// `len` positions of each (row, head) and zero-filling the spare capacity, in one pass; `None`
+/// for anything else (another device, a tensor tracking its gradient, a dtype without a case
+/// here), which the caller gathers with `index_select`. Beam search reorders every step:
+/// candle's `index_select` zeroes the whole output and then copies every position, spare ones
+/// included (5% of a MarianMT beam-search step at 32 rows).
+fn gather_rows_cpu(buf: &Tensor, ids: &[u32], len: usize) -> candle::Result<Option<Tensor>> {
     use candle::{CpuStorage, Storage};
-    if !buf.device().is_cpu()
-        || buf.track_op()
-        || !buf.is_contiguous()
-        || rows.dtype() != candle::DType::U32
-        || rows.rank() != 1
-    {
+    if !buf.device().is_cpu() || buf.track_op() || !buf.is_contiguous() {
         return Ok(None);
     }
     let (b, h, cap, d) = buf.dims4()?;
-    let ids = rows.to_vec1::<u32>()?;
     if let Some(&bad) = ids.iter().find(|&&r| r as usize >= b) {
         candle::bail!("kv cache: row {bad} does not exist, the cache has {b} rows")
     }
-    let (valid, block) = (len.min(cap) * d, cap * d);
-    fn gather<T: Copy + Default>(
-        src: &[T],
-        ids: &[u32],
-        h: usize,
-        block: usize,
-        valid: usize,
-    ) -> Vec<T> {
-        let mut out = Vec::with_capacity(ids.len() * h * block);
-        for &r in ids {
-            for head in 0..h {
-                let start = (r as usize * h + head) * block;
-                out.extend_from_slice(&src[start..start + valid]);
-                out.resize(out.len() + block - valid, T::default());
-            }
-        }
-        out
-    }
-    let shape = (ids.len(), h, cap, d);
+    let valid = len.min(cap) * d;
     let (storage, layout) = buf.storage_and_layout();
-    let start = layout.start_offset();
-    let n = b * h * block;
+    let range = layout.start_offset()..layout.start_offset() + buf.elem_count();
     let gathered = match &*storage {
-        Storage::Cpu(CpuStorage::F32(s)) => Tensor::from_vec(
-            gather(&s[start..start + n], &ids, h, block, valid),
-            shape,
-            buf.device(),
-        )?,
-        Storage::Cpu(CpuStorage::F16(s)) => Tensor::from_vec(
-            gather(&s[start..start + n], &ids, h, block, valid),
-            shape,
-            buf.device(),
-        )?,
-        Storage::Cpu(CpuStorage::BF16(s)) => Tensor::from_vec(
-            gather(&s[start..start + n], &ids, h, block, valid),
-            shape,
-            buf.device(),
-        )?,
-        Storage::Cpu(CpuStorage::F64(s)) => Tensor::from_vec(
-            gather(&s[start..start + n], &ids, h, block, valid),
-            shape,
-            buf.device(),
-        )?,
+        Storage::Cpu(CpuStorage::F32(s)) => gather(&s[range], ids, (h, cap, d), valid)?,
+        Storage::Cpu(CpuStorage::F16(s)) => gather(&s[range], ids, (h, cap, d), valid)?,
+        Storage::Cpu(CpuStorage::BF16(s)) => gather(&s[range], ids, (h, cap, d), valid)?,
+        Storage::Cpu(CpuStorage::F64(s)) => gather(&s[range], ids, (h, cap, d), valid)?,
         _ => return Ok(None),
     };
     Ok(Some(gathered))
+}
+
+/// [`gather_rows_cpu`] on the elements `src` of a `(B, H, cap, d)` buffer: `(ids.len(), H, cap,
+/// d)`, the first `valid` elements of each (row, head) block copied, the rest zero.
+fn gather<T: candle::WithDType>(
+    src: &[T],
+    ids: &[u32],
+    (h, cap, d): (usize, usize, usize),
+    valid: usize,
+) -> candle::Result<Tensor> {
+    let block = cap * d;
+    let mut out = Vec::with_capacity(ids.len() * h * block);
+    for &r in ids {
+        for head in 0..h {
+            let start = (r as usize * h + head) * block;
+            out.extend_from_slice(&src[start..start + valid]);
+            out.resize(out.len() + block - valid, T::zero());
+        }
+    }
+    Tensor::from_vec(out, (ids.len(), h, cap, d), &candle::Device::Cpu)
 }
 
 /// The encoder memory `(B, S, E)` of one encoder-decoder attention block, projected to keys and
@@ -513,9 +511,10 @@ mod tests {
         let dev = Device::Cpu;
         let buf = Tensor::arange(0f32, 3.0 * 2.0 * 5.0 * 4.0, &dev)?.reshape((3, 2, 5, 4))?;
         let rows = Tensor::new(&[2u32, 0, 2, 2], &dev)?;
+        let ids = host_row_ids(&rows)?.expect("a U32 index on the CPU");
         for dtype in [DType::F32, DType::BF16] {
             let buf = buf.to_dtype(dtype)?;
-            let got = gather_rows_cpu(&buf, &rows, 3)?.expect("a CPU buffer takes the CPU path");
+            let got = gather_rows_cpu(&buf, &ids, 3)?.expect("a CPU buffer takes the CPU path");
             assert_eq!(got.dims(), &[4, 2, 5, 4]);
             let want = buf.index_select(&rows, 0)?.narrow(2, 0, 3)?;
             let as_f32 = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
@@ -523,8 +522,8 @@ mod tests {
             assert!(as_f32(&got.narrow(2, 3, 2)?)?.iter().all(|&x| x == 0.0));
         }
         let wide = Tensor::new(&[1i64, 0], &dev)?;
-        assert!(gather_rows_cpu(&buf, &wide, 3)?.is_none());
-        let err = gather_rows_cpu(&buf, &Tensor::new(&[3u32], &dev)?, 3).unwrap_err();
+        assert!(host_row_ids(&wide)?.is_none());
+        let err = gather_rows_cpu(&buf, &[3], 3).unwrap_err();
         assert!(err.to_string().contains("row 3 does not exist"), "{err}");
         Ok(())
     }

@@ -395,18 +395,13 @@ mod tests {
         }
     }
 
-    /// Small integers times powers of two: exact in bf16, and their products and sums exact
-    /// in f32, so every kernel must give the reference bit for bit.
+    /// [`super::super::half::tests::exact`]'s values (multiples of 1/8 in [-1, 1]) as bf16
+    /// bits: exact in bf16, their products and sums exact in f32, so every kernel must give
+    /// the reference bit for bit.
     fn exact_bf16(len: usize, seed: u32) -> Vec<u16> {
-        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                let v = ((s % 17) as f32 - 8.0) / 8.0;
-                (v.to_bits() >> 16) as u16
-            })
+        super::super::half::tests::exact(len, seed)
+            .iter()
+            .map(|v| (v.to_bits() >> 16) as u16)
             .collect()
     }
 

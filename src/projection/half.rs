@@ -23,7 +23,7 @@
 use super::bf16::{self, Kernel, R};
 use super::PANEL;
 use crate::simd::{with_scratch, Isa};
-use candle::{CpuStorage, DType, Device, Storage, Tensor};
+use candle::{DType, Device, Storage, Tensor};
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use half::vec::HalfBitsVecExt;
 use rayon::prelude::*;
@@ -71,15 +71,7 @@ impl std::fmt::Debug for HalfPanels {
 
 /// The bits of a contiguous CPU bf16/f16 tensor's elements.
 fn half_bits<'a>(storage: &'a Storage, t: &Tensor) -> candle::Result<&'a [u16]> {
-    let all: &[u16] = match storage {
-        Storage::Cpu(CpuStorage::BF16(v)) => v.reinterpret_cast(),
-        Storage::Cpu(CpuStorage::F16(v)) => v.reinterpret_cast(),
-        _ => candle::bail!(
-            "internal: the half-precision projection takes CPU bf16/f16 tensors, got {:?} on {:?}",
-            t.dtype(),
-            t.device().location()
-        ),
-    };
+    let all = crate::simd::cpu_half_bits(storage)?;
     if !t.is_contiguous() {
         candle::bail!("internal: the half-precision projection reads contiguous tensors only")
     }
@@ -428,12 +420,12 @@ fn round_row(panels: Panels, src: &[f32], dst: &mut [u16]) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// Multiples of 1/8 in [-1, 1]: exact in bf16 and f16, their products and sums exact in
     /// `f32`, so every output is the exact sum rounded once, whatever the summation order.
-    fn exact(len: usize, seed: u32) -> Vec<f32> {
+    pub(in crate::projection) fn exact(len: usize, seed: u32) -> Vec<f32> {
         let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
         (0..len)
             .map(|_| {

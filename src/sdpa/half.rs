@@ -19,8 +19,7 @@
 
 use super::tiled::BQ;
 use crate::simd::Isa;
-use candle::{CpuStorage, DType, Storage};
-use half::slice::HalfFloatSliceExt;
+use candle::DType;
 use half::vec::HalfBitsVecExt;
 
 /// A CPU tensor of f16 (`f16`) or bf16 elements from their 16-bit patterns.
@@ -34,20 +33,6 @@ pub(crate) fn half_tensor(
         candle::Tensor::from_vec(bits.reinterpret_into::<half::f16>(), shape, &dev)
     } else {
         candle::Tensor::from_vec(bits.reinterpret_into::<half::bf16>(), shape, &dev)
-    }
-}
-
-/// The elements of a CPU f16 or bf16 storage as their 16-bit patterns (the whole buffer: index
-/// it from the layout's start offset). An error for other devices or dtypes.
-pub(crate) fn cpu_half_bits(storage: &Storage) -> candle::Result<&[u16]> {
-    match storage {
-        Storage::Cpu(CpuStorage::F16(x)) => Ok(x.reinterpret_cast()),
-        Storage::Cpu(CpuStorage::BF16(x)) => Ok(x.reinterpret_cast()),
-        Storage::Cpu(_) => candle::bail!(
-            "the half-precision CPU kernels need f16 or bf16 tensors, got {:?}",
-            storage.dtype()
-        ),
-        _ => candle::bail!("the tiled attention kernels run on CPU tensors only"),
     }
 }
 

@@ -232,7 +232,7 @@ impl<'a> Rows<'a> {
         Ok(if t.dtype() == DType::F32 {
             Rows::F32(Strided::new(cpu_f32(storage)?, t, start))
         } else {
-            Rows::Half(Strided::new(half::cpu_half_bits(storage)?, t, start))
+            Rows::Half(Strided::new(crate::simd::cpu_half_bits(storage)?, t, start))
         })
     }
 }

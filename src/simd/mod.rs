@@ -90,23 +90,37 @@ pub(crate) fn map_cpu_f32(
         return Ok(None);
     }
     let xs = xs.contiguous()?;
-    let ys = {
+    let ys: Vec<f32> = {
         let (storage, layout) = xs.storage_and_layout();
         let src = &cpu_f32(&storage)?[layout.start_offset()..][..xs.elem_count()];
-        let mut ys = vec![0f32; src.len()];
-        let apply =
-            |(d, s): (&mut [f32], &[f32])| d.iter_mut().zip(s).for_each(|(d, &v)| *d = f(v));
         if src.len() >= MAP_PARALLEL_MIN {
-            let chunk = MAP_PARALLEL_MIN / 2;
-            ys.par_chunks_mut(chunk)
-                .zip(src.par_chunks(chunk))
-                .for_each(apply);
+            // An indexed parallel collect writes each element once, in place.
+            src.par_iter()
+                .with_min_len(MAP_PARALLEL_MIN / 2)
+                .map(|&v| f(v))
+                .collect()
         } else {
-            apply((&mut ys, src));
+            src.iter().map(|&v| f(v)).collect()
         }
-        ys
     };
     candle::Tensor::from_vec(ys, xs.shape(), xs.device()).map(Some)
+}
+
+/// The elements of a CPU f16 or bf16 storage as their 16-bit patterns (the whole buffer: index
+/// it from the layout's start offset). An error for other devices or dtypes.
+pub(crate) fn cpu_half_bits(storage: &Storage) -> candle::Result<&[u16]> {
+    use half::slice::HalfFloatSliceExt;
+    match storage {
+        Storage::Cpu(candle::CpuStorage::F16(x)) => Ok(x.reinterpret_cast()),
+        Storage::Cpu(candle::CpuStorage::BF16(x)) => Ok(x.reinterpret_cast()),
+        Storage::Cpu(_) => candle::bail!(
+            "the half-precision CPU kernels need f16 or bf16 tensors, got {:?}",
+            storage.dtype()
+        ),
+        _ => candle::bail!(
+            "the CPU kernels (tiled attention, half-precision projection) run on CPU tensors only"
+        ),
+    }
 }
 
 /// `a · b + c`, fused (one rounding) when `FMA`: only use `FMA = true` in code compiled with
