@@ -218,9 +218,41 @@ unsafe fn softmax_nv<const NV: usize>(
     l: *mut f32,
     alpha: *mut f32,
 ) {
+    // SAFETY: the caller's contract is `running_max`'s.
+    let (m_use, a) = running_max::<NV>(st, nk, m, alpha);
+    // Every access below is `st[j * BQ + 16 v ..][..16]` with `j < nk` and `16 v + 16 <= 16 NV
+    // <= BQ`, inside the `nk * BQ` floats of `st`, or `l[16 v ..][..16]`: the caller's contract.
+    let mut sum = [_mm512_setzero_ps(); NV];
+    for j in 0..nk {
+        let row = st.add(j * BQ);
+        for v in 0..NV {
+            let p = row.add(16 * v);
+            let e = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(p), m_use[v]));
+            _mm512_storeu_ps(p, e);
+            sum[v] = _mm512_add_ps(sum[v], e);
+        }
+    }
+    update_sums(l, a, sum);
+}
+
+/// The first half of an online-softmax step for `16 · NV` queries: the tile's column maxima
+/// merged into the running maxima `m` (updated), the rescaling factors `alpha = 2^(m_old -
+/// m_new)` (written, exact `f32`), and returned with the maxima to subtract (`m_new`, or 0
+/// where it is still `-inf`, so that `-inf - m` stays `-inf` instead of NaN).
+///
+/// # Safety
+/// AVX-512F available; `1 <= NV <= 4`; `st` readable for `nk * BQ` floats; `m` and `alpha`
+/// readable and writable for `16 * NV` floats.
+#[inline(always)]
+pub(super) unsafe fn running_max<const NV: usize>(
+    st: *const f32,
+    nk: usize,
+    m: *mut f32,
+    alpha: *mut f32,
+) -> ([__m512; NV], [__m512; NV]) {
     let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
     // Every access below is `st[j * BQ + 16 v ..][..16]` with `j < nk` and `16 v + 16 <= 16 NV
-    // <= BQ`, inside the `nk * BQ` floats of `st`, or `m`/`l`/`alpha[16 v ..][..16]`, inside
+    // <= BQ`, inside the `nk * BQ` floats of `st`, or `m`/`alpha[16 v ..][..16]`, inside
     // their `16 NV` floats: the caller's contract.
     let mut mx = [neg_inf; NV];
     for j in 0..nk {
@@ -240,19 +272,22 @@ unsafe fn softmax_nv<const NV: usize>(
         _mm512_storeu_ps(m.add(16 * v), m_new);
         _mm512_storeu_ps(alpha.add(16 * v), a[v]);
     }
-    let mut sum = [_mm512_setzero_ps(); NV];
-    for j in 0..nk {
-        let row = st.add(j * BQ);
-        for v in 0..NV {
-            let p = row.add(16 * v);
-            let e = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(p), m_use[v]));
-            _mm512_storeu_ps(p, e);
-            sum[v] = _mm512_add_ps(sum[v], e);
-        }
-    }
+    (m_use, a)
+}
+
+/// The last step of an online-softmax update: `l = alpha · l + sum` for `16 · NV` queries.
+///
+/// # Safety
+/// AVX-512F available; `l` readable and writable for `16 * NV` floats.
+#[inline(always)]
+pub(super) unsafe fn update_sums<const NV: usize>(
+    l: *mut f32,
+    alpha: [__m512; NV],
+    sum: [__m512; NV],
+) {
     for v in 0..NV {
         let l_old = _mm512_loadu_ps(l.add(16 * v));
-        _mm512_storeu_ps(l.add(16 * v), _mm512_fmadd_ps(l_old, a[v], sum[v]));
+        _mm512_storeu_ps(l.add(16 * v), _mm512_fmadd_ps(l_old, alpha[v], sum[v]));
     }
 }
 

@@ -11,9 +11,9 @@
 //!     `(k[j][2p], k[j][2p + 1])` is one unaligned 32-bit load, broadcast to all lanes;
 //!   - `vp` (values, reduction over keys): word `vp[jp * vps + c]` = `(v[2jp][c], v[2jp+1][c])`,
 //!     two key rows interleaved ([`pack_values`]), per key block;
-//!   - `P` (probabilities, reduction over keys): the `f32` score tile, after the online softmax,
-//!     rounded to bf16 and packed in place to `pt[jp * BQ + i]` = `(p[2jp][i], p[2jp+1][i])`
-//!     ([`pack_probs`]).
+//!   - `P` (probabilities, reduction over keys): the `f32` score tile, rounded to bf16 and
+//!     packed in place to `pt[jp * BQ + i]` = `(p[2jp][i], p[2jp+1][i])` by the online-softmax
+//!     step itself ([`softmax_pack`]).
 //!
 //!   An odd head dimension or key count leaves a last half pair: its missing element is taken
 //!   as zero on both sides (never read past a row, and a zero times a NaN or infinite value
@@ -28,8 +28,9 @@
 
 #![allow(clippy::too_many_arguments)]
 
+use super::avx512::{running_max, update_sums};
 use super::tiled::BQ;
-use crate::simd::avx512::{load, store, transpose_16x16};
+use crate::simd::avx512::{exp2_ps_bf16, load, store, transpose_16x16};
 use core::arch::x86_64::*;
 use core::mem::transmute;
 
@@ -227,64 +228,123 @@ unsafe fn scores_tile<const NV: usize, const R: usize>(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub unsafe fn pack_values(v: *const u16, vs: usize, nk: usize, dv: usize, vp: *mut f32) {
     let vps = dv.div_ceil(16) * 16;
+    // Word c of the first result = (row 2jp [c], row 2jp + 1 [c]) for c < 16 (`vpermt2w`
+    // indices: a lane of the first operand, 32 + a lane of the second); the second: c + 16.
+    let interleave = |from: i16| {
+        let mut w = [0i16; 32];
+        for (c, pair) in w.chunks_exact_mut(2).enumerate() {
+            pair[0] = from + c as i16;
+            pair[1] = 32 + from + c as i16;
+        }
+        transmute::<[i16; 32], __m512i>(w)
+    };
+    let (first, second) = (interleave(0), interleave(16));
     for jp in 0..nk.div_ceil(2) {
         let r0 = v.add(2 * jp * vs);
         let odd_missing = 2 * jp + 1 >= nk;
         let mut c0 = 0;
         while c0 < dv {
-            let m = mask16(dv - c0);
-            // SAFETY: elements c0 .. c0 + popcount(m) <= dv of key rows 2jp (< nk) and,
-            // unless missing, 2jp + 1 (< nk); masked lanes are neither read nor faulted on.
-            let lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r0.add(c0) as _));
+            let n = (dv - c0).min(32);
+            let m = mask32(n);
+            // SAFETY: elements c0 .. c0 + n <= dv of key rows 2jp (< nk) and, unless missing,
+            // 2jp + 1 (< nk); masked lanes are neither read nor faulted on, and are zero.
+            let lo = _mm512_maskz_loadu_epi16(m, r0.add(c0) as _);
             let hi = if odd_missing {
                 _mm512_setzero_si512()
             } else {
-                let r1 = v.add((2 * jp + 1) * vs);
-                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r1.add(c0) as _))
+                _mm512_maskz_loadu_epi16(m, v.add((2 * jp + 1) * vs + c0) as _)
             };
-            let w = _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi));
-            // SAFETY: words jp * vps + c0 .. + 16 <= (jp + 1) * vps.
-            _mm512_storeu_ps(vp.add(jp * vps + c0), _mm512_castsi512_ps(w));
-            c0 += 16;
+            let out = vp.add(jp * vps + c0);
+            // SAFETY: words c0 .. c0 + 16 <= vps of row jp (c0 < dv, a multiple of 16), and
+            // c0 + 16 .. c0 + 32 <= vps when n > 16 (then dv > c0 + 16).
+            let w0 = _mm512_permutex2var_epi16(lo, first, hi);
+            _mm512_storeu_ps(out, _mm512_castsi512_ps(w0));
+            if n > 16 {
+                let w1 = _mm512_permutex2var_epi16(lo, second, hi);
+                _mm512_storeu_ps(out.add(16), _mm512_castsi512_ps(w1));
+            }
+            c0 += 32;
         }
     }
 }
 
-/// The probability tile after the online softmax (`st[j * BQ + i]`, `f32`, `nk` keys ×
-/// `16 * nv` queries), rounded to bf16 (to nearest even) and packed IN PLACE in key pairs:
-/// word `jp * BQ + i` = `(p[2jp][i], p[2jp + 1][i])`, the high half zero for a missing odd key.
-/// Word row `jp` overwrites float row `jp <= 2jp`, which has already been read.
+/// The online-softmax step of [`super::avx512::softmax_update`] for a tile whose
+/// probabilities go to the bf16 `P·V`, fused with their rounding and packing: updates `m`, `l`
+/// and `alpha` as that function does, then overwrites the tile IN PLACE with the probabilities
+/// `2^(s - m_new)` rounded to bf16 (to nearest even) and packed in key pairs: word `jp * BQ +
+/// i` = `(p[2jp][i], p[2jp + 1][i])`, the high half zero for a missing odd key. Word row `jp`
+/// overwrites float row `jp <= 2jp`, which has already been read. `l` sums the unrounded
+/// `f32` probabilities, computed with the degree-4 [`exp2_ps_bf16`] (relative error 3.1e-6,
+/// far below the 2^-9 of the rounding that follows); `alpha` stays exact `f32`.
 ///
 /// # Safety
-/// AVX-512F/BW/BF16 available; `nv <= 4`; `st` readable and writable for `nk * BQ` floats.
+/// AVX-512F/BW/BF16 available; `nv <= 4`; `st` readable and writable for `nk * BQ` floats;
+/// `m`, `l` and `alpha` for `16 * nv` floats each.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-pub unsafe fn pack_probs(st: *mut f32, nk: usize, nv: usize) {
+pub unsafe fn softmax_pack(
+    st: *mut f32,
+    nk: usize,
+    m: *mut f32,
+    l: *mut f32,
+    alpha: *mut f32,
+    nv: usize,
+) {
+    // SAFETY: the caller's contract, with `nv` in 1..=4 (0 does nothing).
+    match nv {
+        0 => {}
+        1 => softmax_pack_nv::<1>(st, nk, m, l, alpha),
+        2 => softmax_pack_nv::<2>(st, nk, m, l, alpha),
+        3 => softmax_pack_nv::<3>(st, nk, m, l, alpha),
+        _ => softmax_pack_nv::<4>(st, nk, m, l, alpha),
+    }
+}
+
+/// [`softmax_pack`] for `nv = NV`.
+///
+/// # Safety
+/// As [`softmax_pack`] with `nv = NV` (`1 <= NV <= 4`).
+#[inline(always)]
+unsafe fn softmax_pack_nv<const NV: usize>(
+    st: *mut f32,
+    nk: usize,
+    m: *mut f32,
+    l: *mut f32,
+    alpha: *mut f32,
+) {
+    // SAFETY: the caller's contract is `running_max`'s and `update_sums`'.
+    let (m_use, a) = running_max::<NV>(st, nk, m, alpha);
     // Word 2i from the low 16 bf16 (row 2jp), word 2i + 1 from the high 16 (row 2jp + 1).
     let idx = _mm512_set_epi16(
         31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
         19, 3, 18, 2, 17, 1, 16, 0,
     );
+    let mut sum = [_mm512_setzero_ps(); NV];
     for jp in 0..nk.div_ceil(2) {
         let r0 = st.add(2 * jp * BQ);
         let odd_missing = 2 * jp + 1 >= nk;
-        for v in 0..nv {
+        for v in 0..NV {
             // SAFETY: float rows 2jp and (unless missing) 2jp + 1 < nk, lanes 16 v .. + 16 <=
             // BQ; both are read before word row jp (at or before row 2jp) is written.
-            let lo = _mm512_loadu_ps(r0.add(16 * v));
+            let lo = exp2_ps_bf16(_mm512_sub_ps(_mm512_loadu_ps(r0.add(16 * v)), m_use[v]));
             let hi = if odd_missing {
                 _mm512_setzero_ps()
             } else {
-                _mm512_loadu_ps(r0.add(BQ + 16 * v))
+                exp2_ps_bf16(_mm512_sub_ps(
+                    _mm512_loadu_ps(r0.add(BQ + 16 * v)),
+                    m_use[v],
+                ))
             };
+            sum[v] = _mm512_add_ps(sum[v], _mm512_add_ps(lo, hi));
             let both = transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo));
             let w = _mm512_permutexvar_epi16(idx, both);
             _mm512_storeu_ps(st.add(jp * BQ + 16 * v), _mm512_castsi512_ps(w));
         }
     }
+    update_sums(l, a, sum);
 }
 
 /// `o[i * os ..][:dv] = alpha[i] · o[...] + Σ_j p[j][i] · v[j][:dv]` (or without the old rows
-/// when `first`) for `i < nq`, `j < nk`, from `P` packed by [`pack_probs`] (`pt`) and `V` by
+/// when `first`) for `i < nq`, `j < nk`, from `P` packed by [`softmax_pack`] (`pt`) and `V` by
 /// [`pack_values`] (`vp`, stride `vps = 16 * ceil(dv / 16)` words).
 ///
 /// # Safety

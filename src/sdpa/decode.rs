@@ -94,7 +94,22 @@ fn run(isa: Isa, inp: &Inputs, out: OutRows, bk: usize) {
             with_scratch(scratch_len, |scratch| {
                 // SAFETY: `acc` is the L·Dv floats of this task's `part`, borrowed mutably
                 // for the call; l <= g·BQ by the choice of g.
-                unsafe { query_group(isa, inp, b, h, 0, acc, bk, g, keys, Some(stats), scratch) }
+                unsafe {
+                    query_group(
+                        isa,
+                        inp,
+                        b,
+                        h,
+                        0,
+                        acc,
+                        bk,
+                        g,
+                        keys,
+                        None,
+                        Some(stats),
+                        scratch,
+                    )
+                }
             });
         });
     // `out` is (B, L, H, Dv): one task per (batch, head) writes its L rows.

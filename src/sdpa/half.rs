@@ -230,17 +230,44 @@ pub(crate) mod dot {
         unsafe { k::pack_values(v.as_ptr(), vs, nk, dv, vp.as_mut_ptr()) }
     }
 
-    /// `P·V` from the probability tile `st` (`f32`, rounded to bf16 and packed here, in
-    /// place) and the values packed by [`pack_values`]: as the `f32` `pv`.
+    /// The online-softmax step of the `f32` kernels (`m`, `l`, `alpha` as there) for a tile
+    /// that goes to [`pv`]: the probabilities are rounded to bf16 and packed in key pairs in
+    /// `st` itself.
+    pub(crate) fn softmax_update(
+        kind: Kind,
+        st: &mut [f32],
+        nk: usize,
+        m: &mut [f32],
+        l: &mut [f32],
+        alpha: &mut [f32],
+        nv: usize,
+    ) {
+        assert!(kind == Kind::Bf16Dot);
+        assert!(nv <= 4 && st.len() >= nk * BQ);
+        assert!(m.len() >= 16 * nv && l.len() >= 16 * nv && alpha.len() >= 16 * nv);
+        // SAFETY: AVX-512F/BW/BF16 detected (`Kind::Bf16Dot`); lengths asserted above.
+        unsafe {
+            k::softmax_pack(
+                st.as_mut_ptr(),
+                nk,
+                m.as_mut_ptr(),
+                l.as_mut_ptr(),
+                alpha.as_mut_ptr(),
+                nv,
+            )
+        }
+    }
+
+    /// `P·V` from the probability tile `st` (rounded to bf16 and packed in key pairs by
+    /// [`softmax_update`]) and the values packed by [`pack_values`]: as the `f32` `pv`.
     ///
     /// # Safety
     /// Rows `i < nq` of `o` (`dv` floats at `o + i * os`, `dv <= os` when `nq > 1`) are
     /// valid for reads and writes, and nothing else accesses them meanwhile.
     pub(crate) unsafe fn pv(
         kind: Kind,
-        st: &mut [f32],
+        st: &[f32],
         nk: usize,
-        nv: usize,
         vp: &[f32],
         dv: usize,
         o: *mut f32,
@@ -250,13 +277,11 @@ pub(crate) mod dot {
         first: bool,
     ) {
         assert!(kind == Kind::Bf16Dot);
-        assert!(nv <= 4 && nq <= 16 * nv && st.len() >= nk * BQ && alpha.len() >= nq);
+        assert!(nq <= BQ && st.len() >= nk.div_ceil(2) * BQ && alpha.len() >= nq);
         assert!(nq <= 1 || dv <= os);
         assert!(vp.len() >= nk.div_ceil(2) * dv.div_ceil(16) * 16);
-        // SAFETY: AVX-512F/BW/BF16 detected (`Kind::Bf16Dot`); `st` holds nk * BQ floats.
-        k::pack_probs(st.as_mut_ptr(), nk, nv);
-        // SAFETY: as above; the packed tile is ceil(nk / 2) * BQ <= nk * BQ words, `vp` and
-        // `alpha` lengths asserted, the rows of `o` are the caller's contract.
+        // SAFETY: AVX-512F/BF16 detected (`Kind::Bf16Dot`); the packed tile (ceil(nk / 2) * BQ
+        // words), `vp` and `alpha` lengths asserted, the rows of `o` are the caller's contract.
         k::pv_bf16(
             st.as_ptr(),
             nk,

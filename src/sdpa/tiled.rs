@@ -491,21 +491,72 @@ fn run_tiled(isa: Isa, inp: &Inputs, out: OutRows, bk: usize, g: usize) {
     let Dims { b, h, l, d, dv, .. } = inp.dims;
     let groups = l.div_ceil(g * BQ);
     let scratch_len = group_scratch_len(d, dv, bk, g, inp.kind);
+    let packed = PackedValues::new(inp, bk, groups);
     (0..b * h * groups).into_par_iter().for_each(|t| {
         let (bh, gi) = (t / groups, t % groups);
         let (bb, hh) = (bh / h, bh % h);
         let i0 = gi * g * BQ;
         let nq = (g * BQ).min(l - i0);
+        let values = packed.as_ref().map(|p| p.head(bb, hh / (h / inp.dims.hkv)));
         with_scratch(scratch_len, |scratch| {
             // SAFETY: rows (bb, i0 .. i0 + nq, hh) of the output exist (bb < B, hh < H,
             // i0 + nq <= L) and are this task's alone: tasks partition (batch, head, query
             // group). They are `Dv` floats each at stride H·Dv >= Dv, nq <= g·BQ.
             unsafe {
                 let o = out.block(bb, i0, hh, nq);
-                query_group(isa, inp, bb, hh, i0, o, bk, g, 0..inp.dims.s, None, scratch)
+                let keys = 0..inp.dims.s;
+                query_group(isa, inp, bb, hh, i0, o, bk, g, keys, values, None, scratch)
             }
         });
     });
+}
+
+/// The values of every key/value head packed once in key pairs for the bf16 `P·V`
+/// ([`half::dot::pack_values`]), when several tasks walk each head's keys: packing per key
+/// block and task re-read the (often strided) value rows from memory once per query group,
+/// 3% of a 4096-token bf16 multi-head attention. Costs one more copy of `V`.
+struct PackedValues {
+    data: Vec<f32>,
+    /// Words per head: `ceil(S / 2) · 16 · ceil(Dv / 16)`.
+    per_head: usize,
+    hkv: usize,
+}
+
+impl PackedValues {
+    /// `None` unless the inputs take the bf16 dot-product path, key blocks are even (so that
+    /// blocks start on key pairs) and some head is walked by more than one task
+    /// (`groups` query groups per head, `H / Hkv` query heads per key/value head).
+    fn new(inp: &Inputs, bk: usize, groups: usize) -> Option<Self> {
+        let Dims {
+            b, h, hkv, s, dv, ..
+        } = inp.dims;
+        let shared = groups * (h / hkv) > 1;
+        if inp.kind != Kind::Bf16Dot || !bk.is_multiple_of(2) || !shared {
+            return None;
+        }
+        let Rows::Half(v) = inp.v else { return None };
+        let per_head = s.div_ceil(2) * dv.div_ceil(16) * 16;
+        let mut data = vec![0.0f32; b * hkv * per_head];
+        data.par_chunks_mut(per_head)
+            .enumerate()
+            .for_each(|(i, dst)| {
+                #[cfg(target_arch = "x86_64")]
+                half::dot::pack_values(inp.kind, v.head(i / hkv, i % hkv), v.sr, s, dv, dst);
+                #[cfg(not(target_arch = "x86_64"))]
+                let _ = (i, dst);
+            });
+        Some(Self {
+            data,
+            per_head,
+            hkv,
+        })
+    }
+
+    /// The packed values of key/value head `(b, kv_head)`, all `S` keys from key 0.
+    fn head(&self, b: usize, kv_head: usize) -> &[f32] {
+        let i = b * self.hkv + kv_head;
+        &self.data[i * self.per_head..(i + 1) * self.per_head]
+    }
 }
 
 /// Per-query-block state inside a task: the transposed query block and the row statistics.
@@ -572,10 +623,12 @@ pub(crate) unsafe fn query_group(
     bk: usize,
     g: usize,
     keys: std::ops::Range<usize>,
+    packed_values: Option<&[f32]>,
     stats: Option<&mut [f32]>,
     scratch: &mut [f32],
 ) {
     let Dims { d, dv, .. } = inp.dims;
+    assert!(packed_values.is_none() || (keys.start.is_multiple_of(2) && bk.is_multiple_of(2)));
     let nq_total = o.rows;
     assert!(nq_total <= g * BQ && (nq_total <= 1 || o.stride >= dv));
     let kind = inp.kind;
@@ -636,7 +689,19 @@ pub(crate) unsafe fn query_group(
                 continue;
             }
         }
-        let kv = block_kv(isa, kind, k, ksr, v, vsr, j0, nk_block, (d, dv), tile);
+        let kv = match packed_values {
+            // Key pairs from key 0 and an even `j0`: pair `j0 / 2` starts this block.
+            #[cfg(target_arch = "x86_64")]
+            Some(vp) => match k {
+                Data::Half(k) => BlockKv::Dot {
+                    k: &k[j0 * ksr..],
+                    ks: ksr,
+                    vp: &vp[j0 / 2 * dv.div_ceil(16) * 16..],
+                },
+                Data::F32(_) => unreachable!("packed values come with bf16 keys"),
+            },
+            _ => block_kv(isa, kind, k, ksr, v, vsr, j0, nk_block, (d, dv), tile),
+        };
         for (si, sub) in subs.iter_mut().enumerate() {
             let Some(sub) = sub else { break };
             if j0 >= sub.kend {
@@ -680,19 +745,22 @@ pub(crate) unsafe fn query_group(
                     }
                 }
             }
-            softmax_update(isa, st, nk, sub.m, sub.l, sub.alpha, nv);
             // SAFETY: rows si * BQ .. si * BQ + nq < o.rows of `o`, ours (the contract).
             let o_sub = o.ptr.add(si * BQ * o.stride);
             let first = !sub.started;
             match kv {
-                BlockKv::F32 { v, vs, .. } => pv(
-                    isa, st, nk, v, vs, dv, o_sub, o.stride, nq, sub.alpha, first,
-                ),
+                BlockKv::F32 { v, vs, .. } => {
+                    softmax_update(isa, st, nk, sub.m, sub.l, sub.alpha, nv);
+                    pv(
+                        isa, st, nk, v, vs, dv, o_sub, o.stride, nq, sub.alpha, first,
+                    )
+                }
                 // SAFETY: as above (the rows of `o_sub`).
                 #[cfg(target_arch = "x86_64")]
-                BlockKv::Dot { vp, .. } => half::dot::pv(
-                    kind, st, nk, nv, vp, dv, o_sub, o.stride, nq, sub.alpha, first,
-                ),
+                BlockKv::Dot { vp, .. } => {
+                    half::dot::softmax_update(kind, st, nk, sub.m, sub.l, sub.alpha, nv);
+                    half::dot::pv(kind, st, nk, vp, dv, o_sub, o.stride, nq, sub.alpha, first)
+                }
             }
             sub.started = true;
         }

@@ -28,6 +28,18 @@ pub(crate) const EXP2_POLY: [f32; 7] = [
     1.0,
 ];
 
+/// Coefficients (highest degree first) of a degree-4 polynomial approximating `2^f` on
+/// `[-0.5, 0.5]`, relative error 3.1e-6 and exactly 1 at 0 (least squares on Chebyshev nodes,
+/// weighted by `2^-f`): for probabilities that are rounded to bf16 (relative error up to 2^-9 = 2e-3)
+/// before they are used, where [`EXP2_POLY`]'s precision would be rounded away.
+pub(crate) const EXP2_POLY_BF16: [f32; 5] = [
+    9.600_395e-3,
+    5.591_689_4e-2,
+    0.240_237_19,
+    0.693_121_97,
+    1.0,
+];
+
 /// The instruction set the kernels run with. `Avx512` and `Avx2` are only ever constructed by
 /// [`Isa::detect`] after a successful runtime check, which is what makes calling their
 /// `#[target_feature]` functions sound.
