@@ -9,6 +9,16 @@ Both sides get the same number of threads (default 2): `torch.set_num_threads(T)
 table quotes the median over rounds of each side's per-round median, and the ratio
 torch_ms / attn_ms (> 1 means candle-attention is faster). fp32 unless --dtype says otherwise.
 
+With --fma-peak PATH (a release build of `examples/fma_peak.rs`: `cargo build --release
+--example fma_peak`), each round also measures this CPU's multiply-add peak on the same
+threads for the run's dtype (the bf16 `vdpbf16ps` peak for bf16; f16 runs on the fp32 units),
+and a `ceiling` column gives the largest ratio the CPU allows: torch_ms divided by the time the
+case's multiply-adds alone take at that peak (the median of the rounds'). A target ratio above
+the ceiling cannot be met by any implementation. The peak is measured in the same run because
+this shared virtual machine's speed moves by a third from hour to hour, for torch and for us
+alike; --peak-gflops P gives a fixed peak instead. (Key-padded rows count
+every key, padding included, as their GFLOP/s column does: their ceiling is generous.)
+
 Needs torch (PyPI) and a release build of `attn`
 (`cargo build --release`; pass --attn PATH if it lives elsewhere).
 """
@@ -38,6 +48,17 @@ def torch_time(fn, iters, warmup):
 def attn_json(cmd, env):
     out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def measure_peak(path, threads, dtype):
+    """GFLOP/s of the fma_peak example on `threads` threads: bf16 `vdpbf16ps` for bf16, fp32 FMA
+    otherwise."""
+    out = subprocess.run([path, str(threads)], check=True, capture_output=True, text=True).stdout
+    unit = "bf16 vdpbf16ps" if dtype == "bf16" else "fp32 FMA"
+    for line in out.splitlines():
+        if line.startswith(f"{threads} thread(s): {unit} "):
+            return float(line.split(unit)[1].split()[0])
+    raise SystemExit(f"no '{unit}' line for {threads} thread(s) in the output of {path}:\n{out}")
 
 
 def torch_dtype(name):
@@ -76,6 +97,10 @@ def main():
     p.add_argument("--mha-sizes", default="128,1024,4096", help="MultiheadAttention(512, 8); '' to skip")
     p.add_argument("--flash-sizes", default="128,1024", help="also time candle-nn flash_attn at these N")
     p.add_argument("--json", action="store_true", help="print every measurement as JSON too")
+    p.add_argument("--fma-peak", default=None,
+                   help="path of the fma_peak example: measure the peak every round, add the ceiling column")
+    p.add_argument("--peak-gflops", type=float, default=None,
+                   help="a fixed peak GFLOP/s for the dtype on --threads threads instead of --fma-peak")
     a = p.parse_args()
 
     torch.set_num_threads(a.threads)
@@ -84,6 +109,11 @@ def main():
     sizes = [int(x) for x in a.sizes.split(",") if x]
     flash_sizes = {int(x) for x in a.flash_sizes.split(",") if x}
     rows = []
+
+    def round_peak():
+        if a.fma_peak:
+            return measure_peak(a.fma_peak, a.threads, a.dtype)
+        return a.peak_gflops
 
     def attn_cmd(b, n, causal, impls, iters, key_lengths=None):
         cmd = [a.attn, "bench", "attention", "--batch", str(b), "--heads", str(a.heads),
@@ -109,21 +139,23 @@ def main():
                 keep[i, ..., :length] = True
             mask = keep
         impls = ["auto"] + (["candle-flash"] if n in flash_sizes and not key_lengths else [])
-        t_ms, o_ms, f_ms = [], [], []
+        t_ms, o_ms, f_ms, peaks = [], [], [], []
         for _ in range(a.rounds):
             with torch.no_grad():
                 t_ms.append(torch_time(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal),
                                        iters, warmup_for(iters, a.warmup)))
             res = attn_json(attn_cmd(b, n, causal, impls, iters, key_lengths), env)
+            peaks.append(round_peak())
             for r in res:
                 (o_ms if r["impl"] == "auto" else f_ms).append(r["median_ms"])
                 if a.json:
                     print(json.dumps(r))
         flops = 4 * b * a.heads * n * n * a.head_dim * (0.5 if causal else 1.0)
         row = dict(case=label, n=n, torch_ms=statistics.median(t_ms), ours_ms=statistics.median(o_ms),
-                   flash_ms=statistics.median(f_ms) if f_ms else None, flops=flops)
+                   flash_ms=statistics.median(f_ms) if f_ms else None, flops=flops,
+                   peak=statistics.median(peaks) if peaks[0] else None)
         rows.append(row)
-        print_row(row)
+        print_row(row, bool(peak))
 
     def mha_case(n):
         iters = iters_for(n, a.iters)
@@ -131,26 +163,31 @@ def main():
         e, h = 512, 8
         mha = torch.nn.MultiheadAttention(e, h, batch_first=True).eval().to(dt)
         x = torch.randn(1, n, e, dtype=dt)
-        t_ms, o_ms = [], []
+        t_ms, o_ms, peaks = [], [], []
         for _ in range(a.rounds):
             with torch.no_grad():
                 t_ms.append(torch_time(lambda: mha(x, x, x, need_weights=False), iters, warmup_for(iters, a.warmup)))
             cmd = [a.attn, "bench", "mha", "--seq", str(n), "--embed-dim", str(e), "--heads", str(h),
                    "--dtype", a.dtype, "--iters", str(iters), "--warmup", str(warmup_for(iters, a.warmup)), "--json"]
+            peaks.append(round_peak())
             for r in attn_json(cmd, env):
                 o_ms.append(r["median_ms"])
                 if a.json:
                     print(json.dumps(r))
         flops = 4 * n * n * e + 8 * n * e * e
         row = dict(case="MHA(512,8)", n=n, torch_ms=statistics.median(t_ms), ours_ms=statistics.median(o_ms),
-                   flash_ms=None, flops=flops)
+                   flash_ms=None, flops=flops, peak=statistics.median(peaks) if peaks[0] else None)
         rows.append(row)
-        print_row(row)
+        print_row(row, bool(peak))
 
     print(f"# torch {torch.__version__}, {a.threads} threads, {a.dtype}, H={a.heads}, D={a.head_dim}, "
           f"{a.rounds} alternating rounds; medians; ratio = torch / candle-attention (>1: ours faster)")
-    print("| case | N | torch ms | candle-attention ms | ratio | ours GFLOP/s | candle-nn flash_attn ms | vs flash |")
-    print("|---|---|---|---|---|---|---|---|")
+    peak = a.fma_peak or a.peak_gflops
+    if peak:
+        print("# ceiling = torch ms / (the case's multiply-adds at the peak GFLOP/s): the largest ratio this CPU allows")
+    print("| case | N | torch ms | candle-attention ms | ratio | ours GFLOP/s | candle-nn flash_attn ms | vs flash |"
+          + (" peak GFLOP/s | ceiling | ours % of peak |" if peak else ""))
+    print("|---|---|---|---|---|---|---|---|" + ("---|---|---|" if peak else ""))
     for n in sizes:
         sdpa_case(f"SDPA B={a.batch}", a.batch, n, False)
         if not a.skip_causal:
@@ -162,12 +199,18 @@ def main():
         mha_case(n)
 
 
-def print_row(r):
+def print_row(r, with_peak=False):
     flash = f"{r['flash_ms']:.2f}" if r["flash_ms"] else ""
     vs = f"{r['flash_ms'] / r['ours_ms']:.1f}x" if r["flash_ms"] else ""
     gf = r["flops"] / (r["ours_ms"] * 1e6)
+    bound = ""
+    if with_peak:
+        # The case's multiply-adds alone at the peak: no implementation can be faster.
+        peak = r["peak"]
+        floor_ms = r["flops"] / (peak * 1e6)
+        bound = f" {peak:.0f} | {r['torch_ms'] / floor_ms:.2f} | {100 * gf / peak:.0f}% |"
     print(f"| {r['case']} | {r['n']} | {r['torch_ms']:.3f} | {r['ours_ms']:.3f} | "
-          f"{r['torch_ms'] / r['ours_ms']:.2f} | {gf:.0f} | {flash} | {vs} |", flush=True)
+          f"{r['torch_ms'] / r['ours_ms']:.2f} | {gf:.0f} | {flash} | {vs} |{bound}", flush=True)
 
 
 if __name__ == "__main__":

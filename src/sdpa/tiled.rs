@@ -23,7 +23,9 @@
 //! attention reads it as the concatenated heads `(B, L, H · Dv)` without a copy. Extra memory is
 //! therefore the output plus `threads × (4 · (D + 3) + block_k) · 64` floats, and for half
 //! inputs the key/value tiles per thread (`max(block_k, 64) · (D + Dv)` floats converted, or
-//! `block_k / 2 · Dv` packed bf16 pairs) and the `f32` output before its final rounding.
+//! `block_k / 2 · Dv` packed bf16 pairs) and the `f32` output before its final rounding; bf16
+//! on the `vdpbf16ps` path packs the values of each head once instead when more than one task
+//! walks its keys (one more copy of `V`, as many bytes).
 //!
 //! Instruction sets are chosen at run time: AVX-512F micro-kernels (the private `avx512` module) when
 //! `is_x86_feature_detected!` finds AVX-512F (with AVX2 and FMA), otherwise portable Rust
