@@ -6,6 +6,7 @@
 //! Threads: rayon's pool (`RAYON_NUM_THREADS`), which the tiled kernel and candle's matmul
 //! both use. Timings are wall-clock medians over `--iters` runs after `--warmup` runs.
 
+use crate::pool::on_rayon_pool;
 use crate::{DTypeArg, DeviceArg};
 use anyhow::{bail, Result};
 use candle::{DType, Device, Tensor};
@@ -132,16 +133,28 @@ struct RunArgs {
 }
 
 /// Median and minimum of `iters` timed calls of `f`, in milliseconds. Each call ends with a
-/// synchronisation of `dev`, so queued GPU work is counted.
+/// synchronisation of `dev`, so queued GPU work is counted. The calls run on a thread of
+/// rayon's pool, as `attn generate` runs its model (see [`on_rayon_pool`]): the timing
+/// includes the parallel loops' work and hand-offs, not a waiting thread outside the pool.
 fn time(
+    dev: &Device,
+    warmup: usize,
+    iters: usize,
+    f: impl FnMut() -> Result<()> + Send,
+) -> Result<(f64, f64)> {
+    if iters == 0 {
+        bail!("--iters must be at least 1")
+    }
+    on_rayon_pool(|| time_here(dev, warmup, iters, f))
+}
+
+/// [`time`] on the calling thread.
+fn time_here(
     dev: &Device,
     warmup: usize,
     iters: usize,
     mut f: impl FnMut() -> Result<()>,
 ) -> Result<(f64, f64)> {
-    if iters == 0 {
-        bail!("--iters must be at least 1")
-    }
     for _ in 0..warmup {
         f()?;
         dev.synchronize()?;
@@ -220,7 +233,7 @@ pub fn attention(a: &AttentionBenchArgs) -> Result<()> {
         k_len: nk,
     };
     for &imp in &a.impls {
-        let run: Box<dyn Fn() -> Result<Tensor>> = match imp {
+        let run: Box<dyn Fn() -> Result<Tensor> + Send + Sync> = match imp {
             ImplArg::Naive => {
                 let bias = mask.to_bias(shape, &dev)?;
                 let (q, k, v) = (q.clone(), k.clone(), v.clone());
@@ -346,7 +359,7 @@ fn flash_attn_runner(
     v: &Tensor,
     mask: &Mask,
     scale: f64,
-) -> Result<Box<dyn Fn() -> Result<Tensor>>> {
+) -> Result<Box<dyn Fn() -> Result<Tensor> + Send + Sync>> {
     use anyhow::Context;
     use candle_attention::sdpa::flash_cuda;
     let dev = if q.device().is_cuda() {

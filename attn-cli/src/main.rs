@@ -6,6 +6,7 @@ mod bench_decode;
 mod explain;
 mod inspect;
 mod marian;
+mod pool;
 mod run_mha;
 mod run_transformer;
 mod train;

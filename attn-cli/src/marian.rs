@@ -1,5 +1,6 @@
 //! `attn run marian` and `attn generate`: a Hugging Face MarianMT directory on saved ids.
 
+use crate::pool::on_rayon_pool;
 use anyhow::Context;
 use candle::{DType, Device, Tensor};
 use candle_attention::marian::generation::{generate_padded, GenerationConfig};
@@ -279,14 +280,4 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     let sequences = Tensor::from_vec(ids, shape, &device)?;
     save_tensors(&[("sequences", &sequences)], &args.output)?;
     Ok(())
-}
-
-/// Runs `work` on a thread of rayon's pool and returns its result. The kernels split each
-/// projection and attention call over the pool; called from a pool thread, that thread takes
-/// part and no thread outside the pool waits to be woken at the end of each of the ~50
-/// parallel loops of a decoding step.
-pub(crate) fn on_rayon_pool<T: Send>(work: impl FnOnce() -> T + Send) -> T {
-    let mut result = None;
-    rayon::scope(|s| s.spawn(|_| result = Some(work())));
-    result.expect("a rayon scope runs its spawned job before returning")
 }

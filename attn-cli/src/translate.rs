@@ -116,7 +116,7 @@ fn run_marian(args: &TranslateArgs, dir: &std::path::Path, heads: Heads) -> anyh
     let translator = translator.with_generation_config(generation);
     let texts = input_texts(args)?;
     // On rayon's pool, as `attn generate` (see `on_rayon_pool`).
-    let translations = crate::marian::on_rayon_pool(|| translator.translate(&texts))?;
+    let translations = crate::pool::on_rayon_pool(|| translator.translate(&texts))?;
     let failed = print_results(&texts, translations);
     draw_first(args, heads, &texts, |text| {
         Ok(translator.cross_attention(text, args.layer)?)
