@@ -265,6 +265,18 @@ fn strided_inputs_match_contiguous() {
     let want = reference(&q, &k, &v, &mask, None);
     let got = tiled::attention(&q, &k, &v, &parts(&mask, &q, &k), 1.0 / (d as f64).sqrt()).unwrap();
     assert!(max_abs_diff(&got, &want) <= 1e-5);
+    // Bit for bit what contiguous copies give: strided keys read by several tasks are copied
+    // into contiguous rows first, which must change nothing but where they are read from.
+    let c = |t: &Tensor| t.contiguous().unwrap();
+    let contiguous = tiled::attention(
+        &c(&q),
+        &c(&k),
+        &c(&v),
+        &parts(&mask, &q, &k),
+        1.0 / (d as f64).sqrt(),
+    )
+    .unwrap();
+    assert_eq!(max_abs_diff(&got, &contiguous), 0.0);
     let got = decode::attention(
         &q.narrow(2, 0, 3).unwrap(),
         &k,

@@ -105,7 +105,7 @@ fn run(isa: Isa, inp: &Inputs, out: OutRows, bk: usize) {
                         bk,
                         g,
                         keys,
-                        None,
+                        Default::default(),
                         Some(stats),
                         scratch,
                     )

@@ -493,13 +493,13 @@ fn run_tiled(isa: Isa, inp: &Inputs, out: OutRows, bk: usize, g: usize) {
     let Dims { b, h, l, d, dv, .. } = inp.dims;
     let groups = l.div_ceil(g * BQ);
     let scratch_len = group_scratch_len(d, dv, bk, g, inp.kind);
-    let packed = PackedValues::new(inp, bk, groups);
+    let copies = HeadCopies::new(inp, bk, groups);
     (0..b * h * groups).into_par_iter().for_each(|t| {
         let (bh, gi) = (t / groups, t % groups);
         let (bb, hh) = (bh / h, bh % h);
         let i0 = gi * g * BQ;
         let nq = (g * BQ).min(l - i0);
-        let values = packed.as_ref().map(|p| p.head(bb, hh / (h / inp.dims.hkv)));
+        let copy = copies.head(bb, hh / (h / inp.dims.hkv));
         with_scratch(scratch_len, |scratch| {
             // SAFETY: rows (bb, i0 .. i0 + nq, hh) of the output exist (bb < B, hh < H,
             // i0 + nq <= L) and are this task's alone: tasks partition (batch, head, query
@@ -507,58 +507,125 @@ fn run_tiled(isa: Isa, inp: &Inputs, out: OutRows, bk: usize, g: usize) {
             unsafe {
                 let o = out.block(bb, i0, hh, nq);
                 let keys = 0..inp.dims.s;
-                query_group(isa, inp, bb, hh, i0, o, bk, g, keys, values, None, scratch)
+                query_group(isa, inp, bb, hh, i0, o, bk, g, keys, copy, None, scratch)
             }
         });
     });
 }
 
-/// The values of every key/value head packed once in key pairs for the bf16 `P·V`
-/// ([`half::dot::pack_values`]), when several tasks walk each head's keys: packing per key
-/// block and task re-read the (often strided) value rows from memory once per query group,
-/// 3% of a 4096-token bf16 multi-head attention. Costs one more copy of `V`.
-struct PackedValues {
-    data: Vec<f32>,
-    /// Words per head: `ceil(S / 2) · 16 · ceil(Dv / 16)`.
-    per_head: usize,
+/// Copies of the keys and values that every task of a head reads instead of the inputs, made
+/// once per call when several tasks walk each head's keys (`groups` query groups per head,
+/// `H / Hkv` query heads per key/value head). Each replaces memory traffic that every task
+/// would otherwise repeat:
+///
+/// * keys whose rows are not contiguous (the `(B, L, 3, H, D)` output of a fused projection,
+///   rows `3 · H · D` apart) are copied into contiguous rows: read in place, every key block
+///   touched a page per row or two, 9% more time in the score kernel of a 4096-token bf16
+///   multi-head attention;
+/// * bf16 values on the `vdpbf16ps` path are packed in key pairs
+///   ([`half::dot::pack_values`]) once instead of per key block and task (3% of the same
+///   call); key blocks must then be even, so that they start on key pairs.
+///
+/// Each costs one more copy of `K` or `V` (as many bytes), linear in the sequence.
+struct HeadCopies {
+    keys: Option<KeyCopy>,
+    values: Option<Vec<f32>>,
+    /// Elements per head of `keys` (`S · D`) and words per head of `values` (`ceil(S / 2) ·
+    /// 16 · ceil(Dv / 16)`).
+    key_len: usize,
+    value_len: usize,
     hkv: usize,
 }
 
-impl PackedValues {
-    /// `None` unless the inputs take the bf16 dot-product path, key blocks are even (so that
-    /// blocks start on key pairs) and some head is walked by more than one task
-    /// (`groups` query groups per head, `H / Hkv` query heads per key/value head).
-    fn new(inp: &Inputs, bk: usize, groups: usize) -> Option<Self> {
+/// Contiguous key rows `(B, Hkv, S, D)` in the input dtype.
+enum KeyCopy {
+    F32(Vec<f32>),
+    Half(Vec<u16>),
+}
+
+/// What a task reads instead of its key/value head's inputs ([`HeadCopies::head`]): keys in
+/// contiguous rows of `D`, values packed in key pairs from key 0.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct HeadCopy<'a> {
+    keys: Option<Data<'a>>,
+    values: Option<&'a [f32]>,
+}
+
+impl HeadCopies {
+    fn new(inp: &Inputs, bk: usize, groups: usize) -> Self {
         let Dims {
-            b, h, hkv, s, dv, ..
+            b,
+            h,
+            hkv,
+            s,
+            d,
+            dv,
+            ..
         } = inp.dims;
         let shared = groups * (h / hkv) > 1;
-        if inp.kind != Kind::Bf16Dot || !bk.is_multiple_of(2) || !shared {
-            return None;
+        let key_len = s * d;
+        let value_len = s.div_ceil(2) * dv.div_ceil(16) * 16;
+        let strided_keys = inp.k.sr() != d;
+        let keys = (shared && strided_keys && key_len > 0).then(|| match inp.k {
+            Rows::F32(k) => KeyCopy::F32(contiguous_rows(&k, b * hkv, hkv, s, d)),
+            Rows::Half(k) => KeyCopy::Half(contiguous_rows(&k, b * hkv, hkv, s, d)),
+        });
+        let mut values = None;
+        #[cfg(target_arch = "x86_64")]
+        if let (true, Kind::Bf16Dot, true, Rows::Half(v)) =
+            (shared, inp.kind, bk.is_multiple_of(2), inp.v)
+        {
+            let mut data = vec![0.0f32; b * hkv * value_len];
+            data.par_chunks_mut(value_len)
+                .enumerate()
+                .for_each(|(i, dst)| {
+                    half::dot::pack_values(inp.kind, v.head(i / hkv, i % hkv), v.sr, s, dv, dst)
+                });
+            values = Some(data);
         }
-        let Rows::Half(v) = inp.v else { return None };
-        let per_head = s.div_ceil(2) * dv.div_ceil(16) * 16;
-        let mut data = vec![0.0f32; b * hkv * per_head];
-        data.par_chunks_mut(per_head)
-            .enumerate()
-            .for_each(|(i, dst)| {
-                #[cfg(target_arch = "x86_64")]
-                half::dot::pack_values(inp.kind, v.head(i / hkv, i % hkv), v.sr, s, dv, dst);
-                #[cfg(not(target_arch = "x86_64"))]
-                let _ = (i, dst);
-            });
-        Some(Self {
-            data,
-            per_head,
+        let _ = bk;
+        Self {
+            keys,
+            values,
+            key_len,
+            value_len,
             hkv,
-        })
+        }
     }
 
-    /// The packed values of key/value head `(b, kv_head)`, all `S` keys from key 0.
-    fn head(&self, b: usize, kv_head: usize) -> &[f32] {
+    /// The copies for key/value head `(b, kv_head)`.
+    fn head(&self, b: usize, kv_head: usize) -> HeadCopy<'_> {
         let i = b * self.hkv + kv_head;
-        &self.data[i * self.per_head..(i + 1) * self.per_head]
+        let (k0, v0) = (i * self.key_len, i * self.value_len);
+        HeadCopy {
+            keys: self.keys.as_ref().map(|k| match k {
+                KeyCopy::F32(k) => Data::F32(&k[k0..k0 + self.key_len]),
+                KeyCopy::Half(k) => Data::Half(&k[k0..k0 + self.key_len]),
+            }),
+            values: self.values.as_ref().map(|v| &v[v0..v0 + self.value_len]),
+        }
     }
+}
+
+/// The `rows × cols` rows of each of `heads` heads of `x` (head `i` = `(i / hkv, i % hkv)`),
+/// copied contiguously: `(heads, rows, cols)`.
+fn contiguous_rows<T: Copy + Default + Send + Sync>(
+    x: &Strided<T>,
+    heads: usize,
+    hkv: usize,
+    rows: usize,
+    cols: usize,
+) -> Vec<T> {
+    let mut out = vec![T::default(); heads * rows * cols];
+    out.par_chunks_mut(rows * cols)
+        .enumerate()
+        .for_each(|(i, dst)| {
+            let src = x.head(i / hkv, i % hkv);
+            for (r, row) in dst.chunks_exact_mut(cols).enumerate() {
+                row.copy_from_slice(&src[r * x.sr..r * x.sr + cols]);
+            }
+        });
+    out
 }
 
 /// Per-query-block state inside a task: the transposed query block and the row statistics.
@@ -625,12 +692,12 @@ pub(crate) unsafe fn query_group(
     bk: usize,
     g: usize,
     keys: std::ops::Range<usize>,
-    packed_values: Option<&[f32]>,
+    copy: HeadCopy,
     stats: Option<&mut [f32]>,
     scratch: &mut [f32],
 ) {
     let Dims { d, dv, .. } = inp.dims;
-    assert!(packed_values.is_none() || (keys.start.is_multiple_of(2) && bk.is_multiple_of(2)));
+    assert!(copy.values.is_none() || (keys.start.is_multiple_of(2) && bk.is_multiple_of(2)));
     let nq_total = o.rows;
     assert!(nq_total <= g * BQ && (nq_total <= 1 || o.stride >= dv));
     let kind = inp.kind;
@@ -671,9 +738,12 @@ pub(crate) unsafe fn query_group(
     // Grouped-query attention: the H / Hkv consecutive query heads of a group share one
     // key/value head, read in place (never repeated per query head).
     let kv_head = h / (inp.dims.h / inp.dims.hkv);
-    let k = inp.k.head(b, kv_head);
+    let (k, ksr) = match copy.keys {
+        Some(k) => (k, d),
+        None => (inp.k.head(b, kv_head), inp.k.sr()),
+    };
     let v = inp.v.head(b, kv_head);
-    let (ksr, vsr) = (inp.k.sr(), inp.v.sr());
+    let vsr = inp.v.sr();
     let kb_row = inp
         .key_bias
         .map(|kb| &kb[b * inp.dims.s..(b + 1) * inp.dims.s]);
@@ -691,7 +761,7 @@ pub(crate) unsafe fn query_group(
                 continue;
             }
         }
-        let kv = match packed_values {
+        let kv = match copy.values {
             // Key pairs from key 0 and an even `j0`: pair `j0 / 2` starts this block.
             #[cfg(target_arch = "x86_64")]
             Some(vp) => match k {
