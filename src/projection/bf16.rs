@@ -173,6 +173,46 @@ pub(super) fn accumulate(
     }
 }
 
+/// Rows `i < nr`, columns `c < w` of `y` (bf16 bits, row stride `ys`) `= round(bias[c] +
+/// Σ_{p < k2} x(i, 2p) · wp(2p, c) + x(i, 2p + 1) · wp(2p + 1, c))`, with `x` and `wp` as in
+/// [`accumulate`] over the whole reduction at once: the sums stay in registers from the bias
+/// to the rounding (`vcvtneps2bf16`, as [`round_row`]), with no `f32` tile to zero, fill and
+/// round in separate passes (a sixth of the time of a 128-row product). `None` where the
+/// kernel cannot (the portable one): the caller then accumulates into a tile.
+///
+/// # Safety
+/// `y` is valid for writes of `w` values at `y + i * ys` for `i < nr`, and nothing else
+/// accesses them while this runs.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn product_rounded(
+    kernel: Kernel,
+    x: &[u32],
+    gs: usize,
+    k2: usize,
+    wp: &[u32],
+    bias: Option<&[f32]>,
+    y: *mut u16,
+    ys: usize,
+    nr: usize,
+    w: usize,
+) -> Option<()> {
+    assert!((1..=PANEL).contains(&w) && k2 > 0 && gs >= R * k2);
+    assert!(nr == 0 || x.len() >= (nr - 1) / R * gs + (k2 - 1) * R + R);
+    assert!(wp.len() >= (k2 - 1) * PANEL + w);
+    assert!(bias.is_none_or(|b| b.len() >= w) && (nr <= 1 || ys >= w));
+    match kernel {
+        // SAFETY: `Kernel::Avx512Bf16` exists only after AVX-512F/BW/VL/BF16 were detected;
+        // the lengths asserted above and the caller's `y` are the kernel's contract.
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512Bf16 => {
+            let b = bias.map_or(std::ptr::null(), |b| b.as_ptr());
+            avx512::product_rounded(x.as_ptr(), gs, k2, wp.as_ptr(), b, y, ys, nr, w);
+            Some(())
+        }
+        Kernel::Portable => None,
+    }
+}
+
 /// Plain-Rust [`accumulate`], row by row (the loop over the columns vectorises).
 #[allow(clippy::too_many_arguments)]
 fn accumulate_portable(
@@ -230,16 +270,88 @@ mod avx512 {
         } else {
             (1u16 << last) - 1
         };
+        let out = Out::Tile(acc);
         // SAFETY: the caller's contract, with `nv` in 1..=4 since 1 <= w <= 64.
         match (nv, last == 16) {
-            (1, false) => rows::<1, false>(x, gs, kc2, wp, acc, nr, tail),
-            (2, false) => rows::<2, false>(x, gs, kc2, wp, acc, nr, tail),
-            (3, false) => rows::<3, false>(x, gs, kc2, wp, acc, nr, tail),
-            (_, false) => rows::<4, false>(x, gs, kc2, wp, acc, nr, tail),
-            (1, true) => rows::<1, true>(x, gs, kc2, wp, acc, nr, tail),
-            (2, true) => rows::<2, true>(x, gs, kc2, wp, acc, nr, tail),
-            (3, true) => rows::<3, true>(x, gs, kc2, wp, acc, nr, tail),
-            (_, true) => rows::<4, true>(x, gs, kc2, wp, acc, nr, tail),
+            (1, false) => rows::<1, false>(x, gs, kc2, wp, out, nr, tail),
+            (2, false) => rows::<2, false>(x, gs, kc2, wp, out, nr, tail),
+            (3, false) => rows::<3, false>(x, gs, kc2, wp, out, nr, tail),
+            (_, false) => rows::<4, false>(x, gs, kc2, wp, out, nr, tail),
+            (1, true) => rows::<1, true>(x, gs, kc2, wp, out, nr, tail),
+            (2, true) => rows::<2, true>(x, gs, kc2, wp, out, nr, tail),
+            (3, true) => rows::<3, true>(x, gs, kc2, wp, out, nr, tail),
+            (_, true) => rows::<4, true>(x, gs, kc2, wp, out, nr, tail),
+        }
+    }
+
+    /// [`super::product_rounded`] with AVX-512 BF16; `bias` null for none.
+    ///
+    /// # Safety
+    /// AVX-512F, BW, VL and BF16 available; `1 <= w <= 64`; `x` and `wp` as in
+    /// [`accumulate`] for `p < k2`; `bias` null or readable for `w` floats; `y` writable for
+    /// `w` values at `y + i * ys`, `i < nr`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    pub(super) unsafe fn product_rounded(
+        x: *const u32,
+        gs: usize,
+        k2: usize,
+        wp: *const u32,
+        bias: *const f32,
+        y: *mut u16,
+        ys: usize,
+        nr: usize,
+        w: usize,
+    ) {
+        let nv = w.div_ceil(16);
+        let last = w - 16 * (nv - 1);
+        let tail: __mmask16 = if last == 16 {
+            0xffff
+        } else {
+            (1u16 << last) - 1
+        };
+        let out = Out::Rounded { bias, y, ys };
+        // SAFETY: the caller's contract, with `nv` in 1..=4 since 1 <= w <= 64.
+        match (nv, last == 16) {
+            (1, false) => rows::<1, false>(x, gs, k2, wp, out, nr, tail),
+            (2, false) => rows::<2, false>(x, gs, k2, wp, out, nr, tail),
+            (3, false) => rows::<3, false>(x, gs, k2, wp, out, nr, tail),
+            (_, false) => rows::<4, false>(x, gs, k2, wp, out, nr, tail),
+            (1, true) => rows::<1, true>(x, gs, k2, wp, out, nr, tail),
+            (2, true) => rows::<2, true>(x, gs, k2, wp, out, nr, tail),
+            (3, true) => rows::<3, true>(x, gs, k2, wp, out, nr, tail),
+            (_, true) => rows::<4, true>(x, gs, k2, wp, out, nr, tail),
+        }
+    }
+
+    /// Where a micro-tile's sums start from and end up.
+    #[derive(Clone, Copy)]
+    enum Out {
+        /// An `f32` tile (row stride 64), read first and written back.
+        Tile(*mut f32),
+        /// Started from `bias` (or zero when null), rounded to bf16 into `y` (row stride
+        /// `ys`).
+        Rounded {
+            bias: *const f32,
+            y: *mut u16,
+            ys: usize,
+        },
+    }
+
+    impl Out {
+        /// The same output from row `i` on.
+        ///
+        /// # Safety
+        /// Row `i` lies inside the output.
+        #[inline(always)]
+        unsafe fn at_row(self, i: usize) -> Out {
+            match self {
+                Out::Tile(acc) => Out::Tile(acc.add(i * PANEL)),
+                Out::Rounded { bias, y, ys } => Out::Rounded {
+                    bias,
+                    y: y.add(i * ys),
+                    ys,
+                },
+            }
         }
     }
 
@@ -266,60 +378,74 @@ mod avx512 {
         }
     }
 
-    /// [`accumulate`] for `w = 16 * (NV - 1) + popcount(tail)` columns.
+    /// [`accumulate`] or [`product_rounded`] for `w = 16 * (NV - 1) + popcount(tail)` columns.
     ///
     /// # Safety
-    /// As [`accumulate`], with `1 <= NV <= 4`.
+    /// As those, with `1 <= NV <= 4`.
     #[inline(always)]
     unsafe fn rows<const NV: usize, const FULL: bool>(
         x: *const u32,
         gs: usize,
         kc2: usize,
         wp: *const u32,
-        acc: *mut f32,
+        out: Out,
         nr: usize,
         tail: __mmask16,
     ) {
         let mut i = 0;
         while i + R <= nr {
             // SAFETY: rows i .. i + R <= nr (group i / R) are in the caller's contract.
-            tile::<NV, R, FULL>(x.add(i / R * gs), kc2, wp, acc.add(i * PANEL), tail);
+            tile::<NV, R, FULL>(x.add(i / R * gs), kc2, wp, out.at_row(i), tail);
             i += R;
         }
         // SAFETY: as above for the last nr - i < R rows, the first rows of group i / R.
-        let (xi, ai) = (x.add(i / R * gs), acc.add(i * PANEL));
+        let (xi, oi) = (x.add(i / R * gs), out.at_row(i));
         match nr - i {
-            1 => tile::<NV, 1, FULL>(xi, kc2, wp, ai, tail),
-            2 => tile::<NV, 2, FULL>(xi, kc2, wp, ai, tail),
-            3 => tile::<NV, 3, FULL>(xi, kc2, wp, ai, tail),
-            4 => tile::<NV, 4, FULL>(xi, kc2, wp, ai, tail),
-            5 => tile::<NV, 5, FULL>(xi, kc2, wp, ai, tail),
+            1 => tile::<NV, 1, FULL>(xi, kc2, wp, oi, tail),
+            2 => tile::<NV, 2, FULL>(xi, kc2, wp, oi, tail),
+            3 => tile::<NV, 3, FULL>(xi, kc2, wp, oi, tail),
+            4 => tile::<NV, 4, FULL>(xi, kc2, wp, oi, tail),
+            5 => tile::<NV, 5, FULL>(xi, kc2, wp, oi, tail),
             _ => {}
         }
     }
 
     /// `RR` rows × `16 * NV` columns (the last vector masked by `tail` unless `FULL`),
-    /// accumulators in registers over the whole chunk.
+    /// accumulators in registers over the whole chunk, from and to `out`.
     ///
     /// # Safety
-    /// AVX-512F and BF16 available; `NV <= 4`, `RR <= 6`; `x` (one packed group) readable at
-    /// `p * 6 + r` for `r < RR`, `p < kc2`; `wp` readable at `p * 64 + c` and `acc` readable
-    /// and writable at `r * 64 + c` for `r < RR` and the columns named above (masked lanes are
-    /// neither read nor written, and AVX-512 suppresses faults on them).
+    /// AVX-512F, BW, VL and BF16 available; `NV <= 4`, `RR <= 6`; `x` (one packed group)
+    /// readable at `p * 6 + r` for `r < RR`, `p < kc2`; `wp` readable at `p * 64 + c`; for
+    /// `r < RR` and the columns named above, `out`'s tile readable and writable at `r * 64 +
+    /// c`, or its `bias` (unless null) readable at `c` and its `y` writable at `r * ys + c`
+    /// (masked lanes are neither read nor written, and AVX-512 suppresses faults on them).
     #[inline(always)]
     unsafe fn tile<const NV: usize, const RR: usize, const FULL: bool>(
         x: *const u32,
         kc2: usize,
         wp: *const u32,
-        acc: *mut f32,
+        out: Out,
         tail: __mmask16,
     ) {
         let masked = |v: usize| !FULL && v + 1 == NV;
         let mut a = [[_mm512_setzero_ps(); NV]; RR];
-        for (r, a) in a.iter_mut().enumerate() {
-            for (v, a) in a.iter_mut().enumerate() {
-                *a = load(masked(v), tail, acc.add(r * PANEL + 16 * v));
+        match out {
+            Out::Tile(acc) => {
+                for (r, a) in a.iter_mut().enumerate() {
+                    for (v, a) in a.iter_mut().enumerate() {
+                        *a = load(masked(v), tail, acc.add(r * PANEL + 16 * v));
+                    }
+                }
             }
+            Out::Rounded { bias, .. } if !bias.is_null() => {
+                for v in 0..NV {
+                    let b = load(masked(v), tail, bias.add(16 * v));
+                    for a in a.iter_mut() {
+                        a[v] = b;
+                    }
+                }
+            }
+            Out::Rounded { .. } => {}
         }
         for p in 0..kc2 {
             let wr = wp.add(p * PANEL);
@@ -343,9 +469,23 @@ mod avx512 {
                 }
             }
         }
-        for (r, a) in a.iter().enumerate() {
-            for (v, a) in a.iter().enumerate() {
-                store(masked(v), tail, acc.add(r * PANEL + 16 * v), *a);
+        match out {
+            Out::Tile(acc) => {
+                for (r, a) in a.iter().enumerate() {
+                    for (v, a) in a.iter().enumerate() {
+                        store(masked(v), tail, acc.add(r * PANEL + 16 * v), *a);
+                    }
+                }
+            }
+            Out::Rounded { y, ys, .. } => {
+                for (r, a) in a.iter().enumerate() {
+                    for (v, a) in a.iter().enumerate() {
+                        // SAFETY: both are 32-byte vectors of 16 × 16 bits.
+                        let h = std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(*a));
+                        let m = if masked(v) { tail } else { 0xffff };
+                        _mm256_mask_storeu_epi16(y.add(r * ys + 16 * v).cast(), m, h);
+                    }
+                }
             }
         }
     }

@@ -35,6 +35,11 @@ const MB: usize = 72;
 /// bf16 pairs of 64 columns).
 const KC_F32: usize = 128;
 const KC_PAIRS: usize = 128;
+/// Up to this many input pairs (`k <= 2048`), a bf16 product runs the whole reduction in
+/// registers and rounds straight into the output ([`bf16::product_rounded`]); its weight
+/// panel (up to 256 KiB) then streams from L2, which measured no slower than chunks of
+/// [`KC_PAIRS`] that stay in L1.
+const SINGLE_PASS_PAIRS: usize = 1024;
 /// Below this many multiply-adds a product runs on the calling thread (as the f32 GEMM).
 const PARALLEL_MIN_MACS: usize = 1 << 18;
 
@@ -308,6 +313,33 @@ pub(super) fn gemm(op: &Operands, panels: Panels) -> Vec<u16> {
             let rows = rb * mb..m.min((rb + 1) * mb);
             let (c, w) = segments[si];
             let (p, within) = ((col0 + c) / PANEL, (col0 + c) % PANEL);
+            let xg = &xp[rb * mb / R * group..];
+            if let (Panels::Bf16(pp, kernel), true) = (panels, k2 <= SINGLE_PASS_PAIRS) {
+                // SAFETY: as at the packing above; shared reads only.
+                let xg: &[u32] =
+                    unsafe { std::slice::from_raw_parts(xg.as_ptr().cast::<u32>(), xg.len()) };
+                let panel = &pp[p * panel_len + within..(p + 1) * panel_len];
+                // SAFETY: task `t` alone writes rows `rows` × columns c .. c + w of the
+                // output (the tasks partition rows × segments); row r < m starts at r · n + c
+                // and its w values end within the m · n of `y`, which outlives the loop.
+                let done = unsafe {
+                    bf16::product_rounded(
+                        kernel,
+                        xg,
+                        group,
+                        k2,
+                        panel,
+                        op.bias.map(|b| &b[c..c + w]),
+                        out.get().add(rows.start * n + c),
+                        n,
+                        rows.len(),
+                        w,
+                    )
+                };
+                if done.is_some() {
+                    return;
+                }
+            }
             let mut acc = [0f32; MB * PANEL];
             for i in 0..rows.len() {
                 let row = &mut acc[i * PANEL..i * PANEL + w];
@@ -316,7 +348,6 @@ pub(super) fn gemm(op: &Operands, panels: Panels) -> Vec<u16> {
                     None => row.fill(0.0),
                 }
             }
-            let xg = &xp[rb * mb / R * group..];
             match panels {
                 Panels::Bf16(pp, kernel) => {
                     // SAFETY: as at the packing above; shared reads only.
@@ -440,7 +471,8 @@ pub(super) mod tests {
     /// The driver with every kernel (so that Miri checks its index arithmetic through the
     /// portable ones) against the exact result, at the edges of the row blocks (72), the
     /// panels (64), the chunks (128 pairs, 128 inputs), the micro-tiles (6) and the pairs
-    /// (odd `k`), with products starting inside a panel.
+    /// (odd `k`), with products starting inside a panel; bf16 both in one pass (`k <= 2048`)
+    /// and in chunks (`k = 2051`).
     #[test]
     fn gemm_gives_the_exact_sum_rounded_once() {
         let shapes = [
@@ -449,6 +481,7 @@ pub(super) mod tests {
             (5, 9, 70, 1),
             (73, 257, 65, 64),
             (13, 300, 130, 37),
+            (8, 2 * SINGLE_PASS_PAIRS + 3, 70, 5),
         ];
         let shapes = if cfg!(miri) {
             &shapes[..3]
