@@ -31,9 +31,11 @@ use std::sync::Arc;
 
 /// Rows per task (a multiple of [`R`]), as the f32 GEMM.
 const MB: usize = 72;
-/// Inputs per chunk of the reduction: 32 KiB of panel either way (128 f32 inputs or 128
-/// bf16 pairs of 64 columns).
-const KC_F32: usize = 128;
+/// Inputs per chunk of the reduction on `f32` panels (f16, and bf16 without AVX-512 BF16):
+/// 512, as the f32 GEMM (see `super::gemm`).
+const KC_F32: usize = 512;
+/// bf16 pairs per chunk past [`SINGLE_PASS_PAIRS`] (and for the portable kernel): 32 KiB of
+/// panel.
 const KC_PAIRS: usize = 128;
 /// Up to this many input pairs (`k <= 2048`), a bf16 product runs the whole reduction in
 /// registers and rounds straight into the output ([`bf16::product_rounded`]); its weight
@@ -470,7 +472,7 @@ pub(super) mod tests {
 
     /// The driver with every kernel (so that Miri checks its index arithmetic through the
     /// portable ones) against the exact result, at the edges of the row blocks (72), the
-    /// panels (64), the chunks (128 pairs, 128 inputs), the micro-tiles (6) and the pairs
+    /// panels (64), the chunks (128 pairs, 512 inputs), the micro-tiles (6) and the pairs
     /// (odd `k`), with products starting inside a panel; bf16 both in one pass (`k <= 2048`)
     /// and in chunks (`k = 2051`).
     #[test]
