@@ -263,25 +263,8 @@ mod avx512 {
         nr: usize,
         w: usize,
     ) {
-        let nv = w.div_ceil(16);
-        let last = w - 16 * (nv - 1);
-        let tail: __mmask16 = if last == 16 {
-            0xffff
-        } else {
-            (1u16 << last) - 1
-        };
-        let out = Out::Tile(acc);
-        // SAFETY: the caller's contract, with `nv` in 1..=4 since 1 <= w <= 64.
-        match (nv, last == 16) {
-            (1, false) => rows::<1, false>(x, gs, kc2, wp, out, nr, tail),
-            (2, false) => rows::<2, false>(x, gs, kc2, wp, out, nr, tail),
-            (3, false) => rows::<3, false>(x, gs, kc2, wp, out, nr, tail),
-            (_, false) => rows::<4, false>(x, gs, kc2, wp, out, nr, tail),
-            (1, true) => rows::<1, true>(x, gs, kc2, wp, out, nr, tail),
-            (2, true) => rows::<2, true>(x, gs, kc2, wp, out, nr, tail),
-            (3, true) => rows::<3, true>(x, gs, kc2, wp, out, nr, tail),
-            (_, true) => rows::<4, true>(x, gs, kc2, wp, out, nr, tail),
-        }
+        // SAFETY: the caller's contract.
+        columns(x, gs, kc2, wp, Out::Tile(acc), nr, w)
     }
 
     /// [`super::product_rounded`] with AVX-512 BF16; `bias` null for none.
@@ -302,6 +285,25 @@ mod avx512 {
         nr: usize,
         w: usize,
     ) {
+        // SAFETY: the caller's contract.
+        columns(x, gs, k2, wp, Out::Rounded { bias, y, ys }, nr, w)
+    }
+
+    /// [`rows`] for `w` columns: the number of vectors and the last one's mask.
+    ///
+    /// # Safety
+    /// As [`accumulate`] (`out` a tile) or [`product_rounded`] (`out` rounded), with the
+    /// features enabled by the caller.
+    #[inline(always)]
+    unsafe fn columns(
+        x: *const u32,
+        gs: usize,
+        kc2: usize,
+        wp: *const u32,
+        out: Out,
+        nr: usize,
+        w: usize,
+    ) {
         let nv = w.div_ceil(16);
         let last = w - 16 * (nv - 1);
         let tail: __mmask16 = if last == 16 {
@@ -309,17 +311,16 @@ mod avx512 {
         } else {
             (1u16 << last) - 1
         };
-        let out = Out::Rounded { bias, y, ys };
         // SAFETY: the caller's contract, with `nv` in 1..=4 since 1 <= w <= 64.
         match (nv, last == 16) {
-            (1, false) => rows::<1, false>(x, gs, k2, wp, out, nr, tail),
-            (2, false) => rows::<2, false>(x, gs, k2, wp, out, nr, tail),
-            (3, false) => rows::<3, false>(x, gs, k2, wp, out, nr, tail),
-            (_, false) => rows::<4, false>(x, gs, k2, wp, out, nr, tail),
-            (1, true) => rows::<1, true>(x, gs, k2, wp, out, nr, tail),
-            (2, true) => rows::<2, true>(x, gs, k2, wp, out, nr, tail),
-            (3, true) => rows::<3, true>(x, gs, k2, wp, out, nr, tail),
-            (_, true) => rows::<4, true>(x, gs, k2, wp, out, nr, tail),
+            (1, false) => rows::<1, false>(x, gs, kc2, wp, out, nr, tail),
+            (2, false) => rows::<2, false>(x, gs, kc2, wp, out, nr, tail),
+            (3, false) => rows::<3, false>(x, gs, kc2, wp, out, nr, tail),
+            (_, false) => rows::<4, false>(x, gs, kc2, wp, out, nr, tail),
+            (1, true) => rows::<1, true>(x, gs, kc2, wp, out, nr, tail),
+            (2, true) => rows::<2, true>(x, gs, kc2, wp, out, nr, tail),
+            (3, true) => rows::<3, true>(x, gs, kc2, wp, out, nr, tail),
+            (_, true) => rows::<4, true>(x, gs, kc2, wp, out, nr, tail),
         }
     }
 
