@@ -451,6 +451,47 @@ pub(super) unsafe fn accumulate(
     }
 }
 
+/// Rows `i < nr`, columns `c < w` of `y` (f16 bits, row stride `ys`) `= round(bias[c] +
+/// Σ_{kk < k} x(i, kk) · wp[kk * 64 + c])`, `x` packed as for [`accumulate`], over the whole
+/// reduction at once with the sums in registers and one rounding, straight into the output
+/// ([`super::avx512::product_f16`]). `None` where the CPU cannot (no AVX-512 BW/VL): the caller
+/// then accumulates into an `f32` tile and rounds it.
+///
+/// # Safety
+/// `y` is valid for writes of `w` values at `y + i * ys` for `i < nr`, and nothing else
+/// accesses them while this runs.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn product_f16(
+    isa: Isa,
+    x: &[f32],
+    gs: usize,
+    k: usize,
+    wp: &[f32],
+    bias: Option<&[f32]>,
+    y: *mut u16,
+    ys: usize,
+    nr: usize,
+    w: usize,
+) -> Option<()> {
+    assert!((1..=PANEL).contains(&w) && k > 0 && gs >= R * k);
+    assert!(nr == 0 || x.len() >= (nr - 1) / R * gs + (k - 1) * R + R);
+    assert!(wp.len() >= (k - 1) * PANEL + w);
+    assert!(bias.is_none_or(|b| b.len() >= w) && (nr <= 1 || ys >= w));
+    match isa {
+        // SAFETY: `Isa::Avx512` exists only after avx512f was detected, BW and VL are checked
+        // here; the lengths asserted above and the caller's `y` are the kernel's contract.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512
+            if is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vl") =>
+        {
+            let b = bias.map_or(std::ptr::null(), |b| b.as_ptr());
+            super::avx512::product_f16(x.as_ptr(), gs, k, wp.as_ptr(), b, y, ys, nr, w);
+            Some(())
+        }
+        _ => None,
+    }
+}
+
 /// [`accumulate_portable`] compiled with AVX2 and FMA.
 ///
 /// # Safety

@@ -42,6 +42,9 @@ const KC_PAIRS: usize = 128;
 /// panel (up to 256 KiB) then streams from L2, which measured no slower than chunks of
 /// [`KC_PAIRS`] that stay in L1.
 const SINGLE_PASS_PAIRS: usize = 1024;
+/// Up to this many inputs, an f16 product on `f32` panels likewise rounds straight into the
+/// output ([`super::gemm::product_f16`]; a panel of up to 256 KiB).
+const SINGLE_PASS_F32: usize = 1024;
 /// Below this many multiply-adds a product runs on the calling thread (as the f32 GEMM).
 const PARALLEL_MIN_MACS: usize = 1 << 18;
 
@@ -342,6 +345,27 @@ pub(super) fn gemm(op: &Operands, panels: Panels) -> Vec<u16> {
                     return;
                 }
             }
+            if let (Panels::F32(pp, isa, DType::F16), true) = (panels, k <= SINGLE_PASS_F32) {
+                let panel = &pp[p * panel_len + within..(p + 1) * panel_len];
+                // SAFETY: as for the bf16 product above (this task's rows × columns of `y`).
+                let done = unsafe {
+                    super::gemm::product_f16(
+                        isa,
+                        xg,
+                        group,
+                        k,
+                        panel,
+                        op.bias.map(|b| &b[c..c + w]),
+                        out.get().add(rows.start * n + c),
+                        n,
+                        rows.len(),
+                        w,
+                    )
+                };
+                if done.is_some() {
+                    return;
+                }
+            }
             let mut acc = [0f32; MB * PANEL];
             for i in 0..rows.len() {
                 let row = &mut acc[i * PANEL..i * PANEL + w];
@@ -473,8 +497,8 @@ pub(super) mod tests {
     /// The driver with every kernel (so that Miri checks its index arithmetic through the
     /// portable ones) against the exact result, at the edges of the row blocks (72), the
     /// panels (64), the chunks (128 pairs, 512 inputs), the micro-tiles (6) and the pairs
-    /// (odd `k`), with products starting inside a panel; bf16 both in one pass (`k <= 2048`)
-    /// and in chunks (`k = 2051`).
+    /// (odd `k`), with products starting inside a panel; bf16 and f16 both in one pass and in
+    /// chunks (past 2048 and 1024 inputs).
     #[test]
     fn gemm_gives_the_exact_sum_rounded_once() {
         let shapes = [
@@ -484,6 +508,7 @@ pub(super) mod tests {
             (73, 257, 65, 64),
             (13, 300, 130, 37),
             (8, 2 * SINGLE_PASS_PAIRS + 3, 70, 5),
+            (3, SINGLE_PASS_F32 + 1, 20, 0),
         ];
         let shapes = if cfg!(miri) {
             &shapes[..3]
