@@ -37,15 +37,8 @@ pub unsafe fn accumulate(
     w: usize,
     ahead: Option<Ahead>,
 ) {
-    let nv = w.div_ceil(16);
-    let last = w - 16 * (nv - 1); // 1..=16 lanes in the last vector
-    let tail: __mmask16 = if last == 16 {
-        0xffff
-    } else {
-        (1u16 << last) - 1
-    };
-    // SAFETY: the caller's contract, with `nv` in 1..=4 since 1 <= w <= 64.
-    columns(x, gs, kc, wp, Out::InPlace { y, ys }, nr, nv, tail, ahead)
+    // SAFETY: the caller's contract.
+    columns(x, gs, kc, wp, Out::InPlace { y, ys }, nr, w, ahead)
 }
 
 /// Rows `i < nr`, columns `c < w` of `y` (f16 bits, row stride `ys`) `= round(bias[c] +
@@ -69,22 +62,15 @@ pub unsafe fn product_f16(
     nr: usize,
     w: usize,
 ) {
-    let nv = w.div_ceil(16);
-    let last = w - 16 * (nv - 1);
-    let tail: __mmask16 = if last == 16 {
-        0xffff
-    } else {
-        (1u16 << last) - 1
-    };
-    // SAFETY: the caller's contract, with `nv` in 1..=4 since 1 <= w <= 64.
-    columns(x, gs, k, wp, Out::F16 { bias, y, ys }, nr, nv, tail, None)
+    // SAFETY: the caller's contract.
+    columns(x, gs, k, wp, Out::F16 { bias, y, ys }, nr, w, None)
 }
 
-/// [`rows`] for `nv` vectors of columns, the last one masked by `tail` unless it is full.
+/// [`rows`] for `w` columns: `ceil(w / 16)` vectors, the last one masked unless it is full.
 ///
 /// # Safety
-/// As [`accumulate`] (`out` in place) or [`product_f16`] (`out` f16), with `1 <= nv <= 4`
-/// and the features enabled by the caller.
+/// As [`accumulate`] (`out` in place) or [`product_f16`] (`out` f16), with the features
+/// enabled by the caller.
 #[inline(always)]
 unsafe fn columns(
     x: *const f32,
@@ -93,13 +79,20 @@ unsafe fn columns(
     wp: *const f32,
     out: Out,
     nr: usize,
-    nv: usize,
-    tail: __mmask16,
+    w: usize,
     ahead: Option<Ahead>,
 ) {
-    // SAFETY: the caller's contract. Whole panels (the common case) take unmasked loads and
-    // stores: on Intel cores a masked load costs an extra vector µop on the FMA ports.
-    match (nv, tail == 0xffff) {
+    let nv = w.div_ceil(16);
+    let last = w - 16 * (nv - 1); // 1..=16 lanes in the last vector
+    let tail: __mmask16 = if last == 16 {
+        0xffff
+    } else {
+        (1u16 << last) - 1
+    };
+    // SAFETY: the caller's contract, with `nv` in 1..=4 since 1 <= w <= 64. Whole panels (the
+    // common case) take unmasked loads and stores: on Intel cores a masked load costs an extra
+    // vector µop on the FMA ports.
+    match (nv, last == 16) {
         (1, false) => rows::<1, false>(x, gs, kc, wp, out, nr, tail, ahead),
         (2, false) => rows::<2, false>(x, gs, kc, wp, out, nr, tail, ahead),
         (3, false) => rows::<3, false>(x, gs, kc, wp, out, nr, tail, ahead),

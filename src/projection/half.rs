@@ -319,52 +319,51 @@ pub(super) fn gemm(op: &Operands, panels: Panels) -> Vec<u16> {
             let (c, w) = segments[si];
             let (p, within) = ((col0 + c) / PANEL, (col0 + c) % PANEL);
             let xg = &xp[rb * mb / R * group..];
-            if let (Panels::Bf16(pp, kernel), true) = (panels, k2 <= SINGLE_PASS_PAIRS) {
-                // SAFETY: as at the packing above; shared reads only.
-                let xg: &[u32] =
-                    unsafe { std::slice::from_raw_parts(xg.as_ptr().cast::<u32>(), xg.len()) };
-                let panel = &pp[p * panel_len + within..(p + 1) * panel_len];
-                // SAFETY: task `t` alone writes rows `rows` × columns c .. c + w of the
-                // output (the tasks partition rows × segments); row r < m starts at r · n + c
-                // and its w values end within the m · n of `y`, which outlives the loop.
-                let done = unsafe {
-                    bf16::product_rounded(
-                        kernel,
-                        xg,
-                        group,
-                        k2,
-                        panel,
-                        op.bias.map(|b| &b[c..c + w]),
-                        out.get().add(rows.start * n + c),
-                        n,
-                        rows.len(),
-                        w,
-                    )
-                };
-                if done.is_some() {
-                    return;
+            // Short reductions: the whole sum in registers, rounded once straight into `y`.
+            let bias = op.bias.map(|b| &b[c..c + w]);
+            let y0 = out.get().wrapping_add(rows.start * n + c);
+            // SAFETY: task `t` alone writes rows `rows` × columns c .. c + w of the output (the
+            // tasks partition rows × segments); row r < m starts at r · n + c and its w values
+            // end within the m · n of `y`, which outlives the loop. The u32 view of the packed
+            // rows is as at the packing above (shared reads only).
+            let done = unsafe {
+                match panels {
+                    Panels::Bf16(pp, kernel) if k2 <= SINGLE_PASS_PAIRS => {
+                        let xg32 = std::slice::from_raw_parts(xg.as_ptr().cast::<u32>(), xg.len());
+                        let panel = &pp[p * panel_len + within..(p + 1) * panel_len];
+                        bf16::product_rounded(
+                            kernel,
+                            xg32,
+                            group,
+                            k2,
+                            panel,
+                            bias,
+                            y0,
+                            n,
+                            rows.len(),
+                            w,
+                        )
+                    }
+                    Panels::F32(pp, isa, DType::F16) if k <= SINGLE_PASS_F32 => {
+                        let panel = &pp[p * panel_len + within..(p + 1) * panel_len];
+                        super::gemm::product_f16(
+                            isa,
+                            xg,
+                            group,
+                            k,
+                            panel,
+                            bias,
+                            y0,
+                            n,
+                            rows.len(),
+                            w,
+                        )
+                    }
+                    _ => None,
                 }
-            }
-            if let (Panels::F32(pp, isa, DType::F16), true) = (panels, k <= SINGLE_PASS_F32) {
-                let panel = &pp[p * panel_len + within..(p + 1) * panel_len];
-                // SAFETY: as for the bf16 product above (this task's rows × columns of `y`).
-                let done = unsafe {
-                    super::gemm::product_f16(
-                        isa,
-                        xg,
-                        group,
-                        k,
-                        panel,
-                        op.bias.map(|b| &b[c..c + w]),
-                        out.get().add(rows.start * n + c),
-                        n,
-                        rows.len(),
-                        w,
-                    )
-                };
-                if done.is_some() {
-                    return;
-                }
+            };
+            if done.is_some() {
+                return;
             }
             let mut acc = [0f32; MB * PANEL];
             for i in 0..rows.len() {
