@@ -12,6 +12,7 @@
 //! The `f32` arithmetic adds a few `1e-6`.
 
 use candle::{DType, Device, Tensor};
+use candle_attention::mask::MaskParts;
 use candle_attention::sdpa::tiled::{self, TiledConfig, BQ};
 use candle_attention::sdpa::{decode, scaled_dot_product_attention, SdpaArgs};
 use candle_attention::{AttentionShape, Mask};
@@ -160,34 +161,47 @@ fn check(
     Ok(())
 }
 
+/// Case `c` through `kernel` (the tiled or decode kernel's `attention_with`) on its half
+/// inputs, checked against the naive `f32` kernel on the same values.
+fn check_kernel(
+    c: &Case,
+    name: &str,
+    kernel: fn(&Tensor, &Tensor, &Tensor, &MaskParts, f64, &TiledConfig) -> candle::Result<Tensor>,
+) -> Result<(), TestCaseError> {
+    let mut rng = Rng(c.seed);
+    let (half, full, mask) = inputs(c, &mut rng);
+    let want = reference(&full, &mask);
+    let cfg = TiledConfig {
+        block_k: c.block_k,
+        force_portable: c.portable,
+        half_dot: c.half_dot,
+        ..Default::default()
+    };
+    let shape = AttentionShape {
+        batch: c.b,
+        heads: c.h,
+        q_len: c.l,
+        k_len: c.s,
+    };
+    let parts = mask.decompose(shape, &Device::Cpu).unwrap();
+    let scale = 1.0 / (c.d as f64).sqrt();
+    let got = kernel(&half[0], &half[1], &half[2], &parts, scale, &cfg).unwrap();
+    check(c, &got, &want, &full[2], name)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
     /// The tiled kernel on half inputs within the derived bound of the `f32` naive kernel.
     #[test]
     fn tiled_half_matches_naive_f32(c in case_strategy()) {
-        let mut rng = Rng(c.seed);
-        let (half, full, mask) = inputs(&c, &mut rng);
-        let want = reference(&full, &mask);
-        let cfg = TiledConfig { block_k: c.block_k, force_portable: c.portable, half_dot: c.half_dot, ..Default::default() };
-        let parts = mask.decompose(AttentionShape { batch: c.b, heads: c.h, q_len: c.l, k_len: c.s }, &Device::Cpu).unwrap();
-        let scale = 1.0 / (c.d as f64).sqrt();
-        let got = tiled::attention_with(&half[0], &half[1], &half[2], &parts, scale, &cfg).unwrap();
-        check(&c, &got, &want, &full[2], "tiled")?;
+        check_kernel(&c, "tiled", tiled::attention_with)?;
     }
 
     /// The decode kernel (few queries, keys split across tasks) likewise.
     #[test]
     fn decode_half_matches_naive_f32(c in case_strategy(), l in 1usize..=decode::MAX_QUERIES, s in 1usize..1500) {
-        let c = Case { l, s, ..c };
-        let mut rng = Rng(c.seed);
-        let (half, full, mask) = inputs(&c, &mut rng);
-        let want = reference(&full, &mask);
-        let cfg = TiledConfig { block_k: c.block_k, force_portable: c.portable, half_dot: c.half_dot, ..Default::default() };
-        let parts = mask.decompose(AttentionShape { batch: c.b, heads: c.h, q_len: c.l, k_len: c.s }, &Device::Cpu).unwrap();
-        let scale = 1.0 / (c.d as f64).sqrt();
-        let got = decode::attention_with(&half[0], &half[1], &half[2], &parts, scale, &cfg).unwrap();
-        check(&c, &got, &want, &full[2], "decode")?;
+        check_kernel(&Case { l, s, ..c }, "decode", decode::attention_with)?;
     }
 }
 

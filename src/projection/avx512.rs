@@ -11,7 +11,7 @@
 
 use super::gemm::Ahead;
 use super::PANEL;
-use crate::simd::avx512::{load, store};
+use crate::simd::avx512::{lanes16, load, store};
 use core::arch::x86_64::*;
 
 /// Rows per micro-tile: 6 rows × 4 vectors = 24 accumulators, 4 registers of `Wᵀ` and one
@@ -84,11 +84,7 @@ unsafe fn columns(
 ) {
     let nv = w.div_ceil(16);
     let last = w - 16 * (nv - 1); // 1..=16 lanes in the last vector
-    let tail: __mmask16 = if last == 16 {
-        0xffff
-    } else {
-        (1u16 << last) - 1
-    };
+    let tail = lanes16(last);
     // SAFETY: the caller's contract, with `nv` in 1..=4 since 1 <= w <= 64. Whole panels (the
     // common case) take unmasked loads and stores: on Intel cores a masked load costs an extra
     // vector µop on the FMA ports.

@@ -244,7 +244,7 @@ mod avx512 {
     #![allow(clippy::too_many_arguments)]
 
     use super::{PANEL, R};
-    use crate::simd::avx512::{load, store};
+    use crate::simd::avx512::{lanes16, load, store};
     use core::arch::x86_64::*;
 
     /// [`super::accumulate`] with AVX-512 BF16.
@@ -306,11 +306,7 @@ mod avx512 {
     ) {
         let nv = w.div_ceil(16);
         let last = w - 16 * (nv - 1);
-        let tail: __mmask16 = if last == 16 {
-            0xffff
-        } else {
-            (1u16 << last) - 1
-        };
+        let tail = lanes16(last);
         // SAFETY: the caller's contract, with `nv` in 1..=4 since 1 <= w <= 64.
         match (nv, last == 16) {
             (1, false) => rows::<1, false>(x, gs, kc2, wp, out, nr, tail),
@@ -365,12 +361,7 @@ mod avx512 {
     pub(super) unsafe fn round_row(src: *const f32, dst: *mut u16, len: usize) {
         let mut i = 0;
         while i < len {
-            let lanes = (len - i).min(16);
-            let mask: __mmask16 = if lanes == 16 {
-                0xffff
-            } else {
-                (1u16 << lanes) - 1
-            };
+            let mask = lanes16(len - i);
             let v = _mm512_maskz_loadu_ps(mask, src.add(i));
             // SAFETY: both are 32-byte vectors of 16 × 16 bits.
             let h = std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(v));

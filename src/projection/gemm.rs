@@ -337,7 +337,7 @@ unsafe fn pack_strip_avx512(rows: &[f32], cols: usize, k: usize, panel: &mut [f3
         let mut k0 = 0;
         while k0 < k {
             let nk = (k - k0).min(16);
-            let mask: __mmask16 = if nk == 16 { 0xffff } else { (1u16 << nk) - 1 };
+            let mask = crate::simd::avx512::lanes16(nk);
             // The next strip's line of row j, into L2 (a hint, never a fault): `W` streams
             // from memory, and the hardware prefetcher does not follow 16 row streams.
             let ahead = |j: usize| {

@@ -15,7 +15,7 @@
 #![allow(clippy::too_many_arguments)]
 
 use super::tiled::BQ;
-use crate::simd::avx512::{exp2_ps, load, store, transpose_16x16};
+use crate::simd::avx512::{exp2_ps, lanes16, load, store, transpose_16x16};
 use core::arch::x86_64::*;
 
 /// Keys per micro-tile of the score kernel.
@@ -137,11 +137,7 @@ pub unsafe fn transpose_queries(q: *const f32, qs: usize, nq: usize, d: usize, q
         let mut d0 = 0;
         while d0 < d {
             let cols = (d - d0).min(16);
-            let cmask: __mmask16 = if cols == 16 {
-                0xffff
-            } else {
-                (1u16 << cols) - 1
-            };
+            let cmask = lanes16(cols);
             let mut r = [_mm512_setzero_ps(); 16];
             for (i, r) in r.iter_mut().enumerate().take(rows) {
                 // SAFETY: row i0 + i < nq, columns d0 .. d0 + cols <= d (masked: the lanes
@@ -318,11 +314,7 @@ pub unsafe fn pv(
         let w = (dv - c0).min(64);
         let nvv = w.div_ceil(16);
         let last = w - 16 * (nvv - 1); // 1..=16 lanes in the last vector
-        let tail: __mmask16 = if last == 16 {
-            0xffff
-        } else {
-            (1u16 << last) - 1
-        };
+        let tail = lanes16(last);
         // SAFETY: columns c0 .. c0 + w of every row lie inside the rows the caller vouches
         // for (c0 + w <= dv): of `v` rows j < nk at stride vs, of `o` rows i < nq at stride
         // os. `pv_cols` touches exactly those columns: 16 per vector, the last masked by

@@ -30,7 +30,7 @@
 
 use super::avx512::{running_max, update_sums};
 use super::tiled::BQ;
-use crate::simd::avx512::{exp2_ps_bf16, load, store, transpose_16x16};
+use crate::simd::avx512::{exp2_ps_bf16, lanes16, lanes32, load, store, transpose_16x16};
 use core::arch::x86_64::*;
 use core::mem::transmute;
 
@@ -38,26 +38,6 @@ use core::mem::transmute;
 const RS: usize = 6;
 /// Queries per micro-tile of the P·V kernel.
 const RP: usize = 6;
-
-/// Lanes `0 .. n` of a 16-lane mask (`n <= 16`).
-#[inline(always)]
-fn mask16(n: usize) -> __mmask16 {
-    if n >= 16 {
-        0xffff
-    } else {
-        (1u16 << n) - 1
-    }
-}
-
-/// Lanes `0 .. n` of a 32-lane mask (`n <= 32`).
-#[inline(always)]
-fn mask32(n: usize) -> __mmask32 {
-    if n >= 32 {
-        u32::MAX
-    } else {
-        (1u32 << n) - 1
-    }
-}
 
 /// The 16 words of `x` as bf16 pairs (a bit cast).
 #[inline(always)]
@@ -86,7 +66,7 @@ pub unsafe fn pack_queries(q: *const u16, qs: usize, nq: usize, d: usize, qt: *m
             for (i, r) in r.iter_mut().enumerate().take(rows) {
                 // SAFETY: row i0 + i < nq, elements d0 .. d0 + cols <= d: the masked load
                 // reads (and faults on) only those.
-                let x = _mm512_maskz_loadu_epi16(mask32(cols), q.add((i0 + i) * qs + d0) as _);
+                let x = _mm512_maskz_loadu_epi16(lanes32(cols), q.add((i0 + i) * qs + d0) as _);
                 *r = _mm512_castsi512_ps(x);
             }
             let t = transpose_16x16(r);
@@ -245,7 +225,7 @@ pub unsafe fn pack_values(v: *const u16, vs: usize, nk: usize, dv: usize, vp: *m
         let mut c0 = 0;
         while c0 < dv {
             let n = (dv - c0).min(32);
-            let m = mask32(n);
+            let m = lanes32(n);
             // SAFETY: elements c0 .. c0 + n <= dv of key rows 2jp (< nk) and, unless missing,
             // 2jp + 1 (< nk); masked lanes are neither read nor faulted on, and are zero.
             let lo = _mm512_maskz_loadu_epi16(m, r0.add(c0) as _);
@@ -369,7 +349,7 @@ pub unsafe fn pv_bf16(
         let w = (dv - c0).min(64);
         let nvv = w.div_ceil(16);
         let last = w - 16 * (nvv - 1);
-        let tail = mask16(last);
+        let tail = lanes16(last);
         // SAFETY: columns c0 .. c0 + w <= dv of the `o` rows, words c0 .. c0 + 16 nvv <= vps
         // of each `vp` row: inside the caller's contract (only the output's last vector is
         // masked; `vp` rows are padded to whole vectors).
@@ -523,7 +503,7 @@ pub unsafe fn convert_rows(
         let (s, d) = (src.add(r * ss), dst.add(r * cols));
         let mut c = 0;
         while c < cols {
-            let m = mask16(cols - c);
+            let m = lanes16(cols - c);
             // SAFETY: elements c .. c + popcount(m) <= cols of row r, masked loads and
             // stores touch only those.
             let h = _mm256_maskz_loadu_epi16(m, s.add(c) as _);
@@ -548,7 +528,7 @@ pub unsafe fn convert_rows(
 pub unsafe fn round_to_half(src: *const f32, n: usize, f16: bool, dst: *mut u16) {
     let mut i = 0;
     while i < n {
-        let m = mask16(n - i);
+        let m = lanes16(n - i);
         // SAFETY: elements i .. i + popcount(m) <= n; masked lanes are not touched.
         let x = _mm512_maskz_loadu_ps(m, src.add(i));
         let h = if f16 {

@@ -570,20 +570,13 @@ impl HeadCopies {
             Rows::F32(k) => KeyCopy::F32(contiguous_rows(&k, b * hkv, hkv, s, d)),
             Rows::Half(k) => KeyCopy::Half(contiguous_rows(&k, b * hkv, hkv, s, d)),
         });
-        let mut values = None;
-        #[cfg(target_arch = "x86_64")]
-        if let (true, Kind::Bf16Dot, true, Rows::Half(v)) =
-            (shared, inp.kind, bk.is_multiple_of(2), inp.v)
-        {
-            let mut data = vec![0.0f32; b * hkv * value_len];
-            data.par_chunks_mut(value_len)
-                .enumerate()
-                .for_each(|(i, dst)| {
-                    half::dot::pack_values(inp.kind, v.head(i / hkv, i % hkv), v.sr, s, dv, dst)
-                });
-            values = Some(data);
-        }
-        let _ = bk;
+        // Packed values need key blocks that start on key pairs (`bk` even).
+        let pack = shared && inp.kind == Kind::Bf16Dot && bk.is_multiple_of(2);
+        let values = if pack {
+            packed_values(inp, value_len)
+        } else {
+            None
+        };
         Self {
             keys,
             values,
@@ -605,6 +598,24 @@ impl HeadCopies {
             values: self.values.as_ref().map(|v| &v[v0..v0 + self.value_len]),
         }
     }
+}
+
+/// The bf16 values of every key/value head packed in key pairs from key 0
+/// ([`half::dot::pack_values`], `value_len` words per head), for [`Kind::Bf16Dot`] inputs.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+fn packed_values(inp: &Inputs, value_len: usize) -> Option<Vec<f32>> {
+    #[cfg(target_arch = "x86_64")]
+    if let Rows::Half(v) = inp.v {
+        let Dims { b, hkv, s, dv, .. } = inp.dims;
+        let mut data = vec![0.0f32; b * hkv * value_len];
+        data.par_chunks_mut(value_len)
+            .enumerate()
+            .for_each(|(i, dst)| {
+                half::dot::pack_values(inp.kind, v.head(i / hkv, i % hkv), v.sr, s, dv, dst)
+            });
+        return Some(data);
+    }
+    None
 }
 
 /// The `rows × cols` rows of each of `heads` heads of `x` (head `i` = `(i / hkv, i % hkv)`),

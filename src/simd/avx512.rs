@@ -9,6 +9,27 @@
 
 use core::arch::x86_64::*;
 
+/// Lanes `0 .. n` of a 16-lane mask (all of them for `n >= 16`): the lanes of a row's last,
+/// partial vector.
+#[inline(always)]
+pub(crate) fn lanes16(n: usize) -> __mmask16 {
+    if n >= 16 {
+        0xffff
+    } else {
+        (1u16 << n) - 1
+    }
+}
+
+/// Lanes `0 .. n` of a 32-lane mask (all of them for `n >= 32`), for 16-bit elements.
+#[inline(always)]
+pub(crate) fn lanes32(n: usize) -> __mmask32 {
+    if n >= 32 {
+        u32::MAX
+    } else {
+        (1u32 << n) - 1
+    }
+}
+
 /// `p[..16]`, or only the lanes of `tail` (the others zero, not read) when `masked`.
 ///
 /// # Safety

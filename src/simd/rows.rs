@@ -73,18 +73,8 @@ pub(crate) fn next_above(row: &[f32], from: usize, threshold: f32) -> Option<usi
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use crate::simd::avx512::exp2_ps;
+    use crate::simd::avx512::{exp2_ps, lanes16 as lanes};
     use core::arch::x86_64::*;
-
-    /// Lanes `0 .. n` of a 16-lane mask (`n <= 16`).
-    #[inline(always)]
-    fn lanes(n: usize) -> __mmask16 {
-        if n >= 16 {
-            0xffff
-        } else {
-            (1u16 << n) - 1
-        }
-    }
 
     /// The maximum of `row` ignoring NaN (`-inf` for a row without any other value).
     #[target_feature(enable = "avx512f")]
