@@ -13,7 +13,8 @@
 
 use anyhow::{bail, Context, Result};
 use candle::{Device, Tensor};
-use candle_attention::sdpa::tiled::{self, TiledConfig};
+use candle_attention::testing::decompose;
+use candle_attention::testing::sdpa::tiled::{self, TiledConfig};
 use candle_attention::{AttentionShape, Mask};
 use std::collections::HashMap;
 
@@ -46,7 +47,7 @@ fn main() -> Result<()> {
         q_len: l,
         k_len: s,
     };
-    let parts = mask.decompose(shape, &dev)?;
+    let parts = decompose(&mask, shape, &dev)?;
     let scale = 1.0 / (d as f64).sqrt();
     let mut out = HashMap::new();
     for (name, half_dot) in [("out", true), ("out_converted", false)] {

@@ -56,11 +56,13 @@ pub mod device;
 pub mod explain;
 pub mod kv_cache;
 pub mod marian;
-pub mod mask;
+mod mask;
 pub mod mha;
 pub mod projection;
 pub mod sdpa;
 mod simd;
+#[doc(hidden)]
+pub mod testing;
 pub mod torch_io;
 pub mod transformer;
 pub mod translate;

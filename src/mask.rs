@@ -327,7 +327,11 @@ impl Mask {
     /// Splits the mask into a causal offset, a per-key bias `(B, S)` and a general bias
     /// `(B | 1, H | 1, L | 1, S)` (see [`MaskParts`]), validating it against `shape`. Tensors
     /// are placed on `device`.
-    pub fn decompose(&self, shape: AttentionShape, device: &Device) -> candle::Result<MaskParts> {
+    pub(crate) fn decompose(
+        &self,
+        shape: AttentionShape,
+        device: &Device,
+    ) -> candle::Result<MaskParts> {
         self.validate(shape)?;
         let mut parts = MaskParts::default();
         let mut rest = Mask::none();

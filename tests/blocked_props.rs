@@ -10,8 +10,10 @@
 mod common;
 
 use candle::{DType, Device, Tensor};
-use candle_attention::sdpa::blocked::{self, BlockedConfig};
-use candle_attention::sdpa::{naive, scaled_dot_product_attention, SdpaArgs};
+use candle_attention::testing::decompose;
+use candle_attention::testing::sdpa::blocked::{self, BlockedConfig};
+use candle_attention::testing::sdpa::naive;
+use candle_attention::{scaled_dot_product_attention, SdpaArgs};
 use candle_attention::{AttentionShape, Mask};
 use common::{max_abs_diff, test_device, tolerance};
 use proptest::prelude::*;
@@ -114,7 +116,7 @@ fn blocked_on(dev: &Device, q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, c: 
         k.to_device(dev).unwrap(),
         v.to_device(dev).unwrap(),
     );
-    let parts = mask.decompose(c.shape(), dev).unwrap();
+    let parts = decompose(&mask, c.shape(), dev).unwrap();
     blocked::attention_with(&q, &k, &v, &parts, c.scale(), &c.cfg())
         .unwrap()
         .to_device(&Device::Cpu)
@@ -271,7 +273,7 @@ fn strided_inputs_match_contiguous_ones() {
         vbuf.narrow(2, 0, 21).unwrap(),
     );
     assert!(!kview.is_contiguous());
-    let parts = mask.decompose(c.shape(), &dev).unwrap();
+    let parts = decompose(&mask, c.shape(), &dev).unwrap();
     let q_dev = q.to_device(&dev).unwrap();
     let got = blocked::attention_with(&q_dev, &kview, &vview, &parts, c.scale(), &c.cfg())
         .unwrap()
@@ -351,17 +353,17 @@ fn dispatch_on_the_test_device() {
 #[test]
 fn zero_block_sizes_are_refused() {
     let q = Tensor::zeros((1, 1, 4, 4), DType::F32, &Device::Cpu).unwrap();
-    let parts = Mask::none()
-        .decompose(
-            AttentionShape {
-                batch: 1,
-                heads: 1,
-                q_len: 4,
-                k_len: 4,
-            },
-            &Device::Cpu,
-        )
-        .unwrap();
+    let parts = decompose(
+        &Mask::none(),
+        AttentionShape {
+            batch: 1,
+            heads: 1,
+            q_len: 4,
+            k_len: 4,
+        },
+        &Device::Cpu,
+    )
+    .unwrap();
     let err = blocked::attention_with(&q, &q, &q, &parts, 1.0, &BlockedConfig::new(0, 2))
         .unwrap_err()
         .to_string();

@@ -9,7 +9,8 @@
 mod common;
 
 use candle::{DType, Device, IndexOp, Tensor};
-use candle_attention::sdpa::{decode, tiled};
+use candle_attention::testing::decompose;
+use candle_attention::testing::sdpa::{few_queries, tiled};
 use candle_attention::{
     scaled_dot_product_attention, AttentionArgs, AttentionShape, Mask, MhaLayout,
     MultiHeadAttention, MultiHeadAttentionConfig, SdpaArgs, TensorFile,
@@ -118,7 +119,7 @@ fn sdpa_matches_torch_enable_gqa_on_every_path() {
         let fast = scaled_dot_product_attention(&q, &k, &v, &args(false)).unwrap();
         assert!(fast.weights.is_none());
         check(&what("default (tiled/decode)"), &fast.output, &expected);
-        if case.l <= decode::MAX_QUERIES {
+        if case.l <= few_queries::MAX_QUERIES {
             saw_decode = true;
         } else {
             saw_tiled = true;
@@ -150,7 +151,7 @@ fn sdpa_matches_torch_enable_gqa_on_every_path() {
             q_len: q.dim(2).unwrap(),
             k_len: k.dim(2).unwrap(),
         };
-        let parts = mask.decompose(shape, &dev).unwrap();
+        let parts = decompose(&mask, shape, &dev).unwrap();
         for force_portable in [false, true] {
             let cfg = tiled::TiledConfig {
                 block_k: 48,
@@ -171,7 +172,7 @@ fn sdpa_matches_torch_enable_gqa_on_every_path() {
                 &t,
                 &expected,
             );
-            let d = decode::attention_with(
+            let d = few_queries::attention_with(
                 &q,
                 &k,
                 &v,

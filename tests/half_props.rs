@@ -12,9 +12,11 @@
 //! The `f32` arithmetic adds a few `1e-6`.
 
 use candle::{DType, Device, Tensor};
-use candle_attention::mask::MaskParts;
-use candle_attention::sdpa::tiled::{self, TiledConfig, BQ};
-use candle_attention::sdpa::{decode, scaled_dot_product_attention, SdpaArgs};
+use candle_attention::testing::decompose;
+use candle_attention::testing::sdpa::few_queries;
+use candle_attention::testing::sdpa::tiled::{self, TiledConfig, BQ};
+use candle_attention::testing::MaskParts;
+use candle_attention::{scaled_dot_product_attention, SdpaArgs};
 use candle_attention::{AttentionShape, Mask};
 use proptest::prelude::*;
 
@@ -183,7 +185,7 @@ fn check_kernel(
         q_len: c.l,
         k_len: c.s,
     };
-    let parts = mask.decompose(shape, &Device::Cpu).unwrap();
+    let parts = decompose(&mask, shape, &Device::Cpu).unwrap();
     let scale = 1.0 / (c.d as f64).sqrt();
     let got = kernel(&half[0], &half[1], &half[2], &parts, scale, &cfg).unwrap();
     check(c, &got, &want, &full[2], name)
@@ -200,8 +202,8 @@ proptest! {
 
     /// The decode kernel (few queries, keys split across tasks) likewise.
     #[test]
-    fn decode_half_matches_naive_f32(c in case_strategy(), l in 1usize..=decode::MAX_QUERIES, s in 1usize..1500) {
-        check_kernel(&Case { l, s, ..c }, "decode", decode::attention_with)?;
+    fn decode_half_matches_naive_f32(c in case_strategy(), l in 1usize..=few_queries::MAX_QUERIES, s in 1usize..1500) {
+        check_kernel(&Case { l, s, ..c }, "decode", few_queries::attention_with)?;
     }
 }
 
@@ -227,9 +229,7 @@ fn strided_half_inputs_match_contiguous() {
             q_len: l,
             k_len: s,
         };
-        let parts = Mask::causal_with_offset(1)
-            .decompose(shape, &Device::Cpu)
-            .unwrap();
+        let parts = decompose(&Mask::causal_with_offset(1), shape, &Device::Cpu).unwrap();
         let got = tiled::attention(&q, &k, &v, &parts, 0.2).unwrap();
         let c = |t: &Tensor| t.contiguous().unwrap();
         let want = tiled::attention(&c(&q), &c(&k), &c(&v), &parts, 0.2).unwrap();

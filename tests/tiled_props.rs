@@ -9,9 +9,11 @@ mod common;
 use common::max_abs_diff;
 
 use candle::{DType, Device, Tensor};
-use candle_attention::mask::MaskParts;
-use candle_attention::sdpa::tiled::{self, TiledConfig, BQ};
-use candle_attention::sdpa::{decode, scaled_dot_product_attention, SdpaArgs};
+use candle_attention::testing::decompose;
+use candle_attention::testing::sdpa::few_queries;
+use candle_attention::testing::sdpa::tiled::{self, TiledConfig, BQ};
+use candle_attention::testing::MaskParts;
+use candle_attention::{scaled_dot_product_attention, SdpaArgs};
 use candle_attention::{AttentionShape, Mask};
 use proptest::prelude::*;
 
@@ -127,7 +129,7 @@ fn parts(mask: &Mask, q: &Tensor, k: &Tensor) -> MaskParts {
         q_len: l,
         k_len: k.dim(2).unwrap(),
     };
-    mask.decompose(shape, &Device::Cpu).unwrap()
+    decompose(&mask, shape, &Device::Cpu).unwrap()
 }
 
 fn scale_of(c: &Case) -> f64 {
@@ -151,13 +153,13 @@ proptest! {
 
     /// The decode path (few queries, long keys) equals the naive kernel to 1e-5 in f32.
     #[test]
-    fn decode_matches_naive_f32(c in case_strategy(), l in 1usize..=decode::MAX_QUERIES, s in 1usize..3000) {
+    fn decode_matches_naive_f32(c in case_strategy(), l in 1usize..=few_queries::MAX_QUERIES, s in 1usize..3000) {
         let c = Case { l, s, ..c };
         let mut rng = Rng(c.seed);
         let (q, k, v, mask) = inputs(&c, &mut rng);
         let want = reference(&q, &k, &v, &mask, c.scale);
         let cfg = TiledConfig { block_k: c.block_k, force_portable: c.portable, ..Default::default() };
-        let got = decode::attention_with(&q, &k, &v, &parts(&mask, &q, &k), scale_of(&c), &cfg).unwrap();
+        let got = few_queries::attention_with(&q, &k, &v, &parts(&mask, &q, &k), scale_of(&c), &cfg).unwrap();
         let err = max_abs_diff(&got, &want);
         prop_assert!(err <= 1e-5, "max abs error {err} for {c:?}");
     }
@@ -277,7 +279,7 @@ fn strided_inputs_match_contiguous() {
     )
     .unwrap();
     assert_eq!(max_abs_diff(&got, &contiguous), 0.0);
-    let got = decode::attention(
+    let got = few_queries::attention(
         &q.narrow(2, 0, 3).unwrap(),
         &k,
         &v,
@@ -329,7 +331,7 @@ fn bad_inputs_are_errors_not_panics() {
         bias: Some(rng.tensor(&[1, 2, 5, 5], 1.0)),
         ..Default::default()
     };
-    assert!(decode::attention(&q, &k, &v, &bad, 1.0).is_err());
+    assert!(few_queries::attention(&q, &k, &v, &bad, 1.0).is_err());
     let cfg = TiledConfig {
         block_k: 0,
         ..Default::default()

@@ -10,7 +10,8 @@ use crate::pool::on_rayon_pool;
 use crate::{DTypeArg, DeviceArg};
 use anyhow::{bail, Result};
 use candle::{DType, Device, Tensor};
-use candle_attention::sdpa::{blocked, decode, naive, tiled};
+use candle_attention::testing::decompose;
+use candle_attention::testing::sdpa::{blocked, few_queries, naive, tiled};
 use candle_attention::{
     scaled_dot_product_attention, AttentionShape, Mask, MultiHeadAttention,
     MultiHeadAttentionConfig, SdpaArgs,
@@ -249,17 +250,17 @@ pub fn attention(a: &AttentionBenchArgs) -> Result<()> {
                 )
             }
             ImplArg::Generic => {
-                let parts = mask.decompose(shape, &dev)?;
+                let parts = decompose(&mask, shape, &dev)?;
                 let (q, k, v) = (q.clone(), k.clone(), v.clone());
                 Box::new(move || Ok(blocked::attention(&q, &k, &v, &parts, scale)?))
             }
             ImplArg::Tiled | ImplArg::Decode => {
-                let parts = mask.decompose(shape, &dev)?;
+                let parts = decompose(&mask, shape, &dev)?;
                 let (q, k, v) = (q.clone(), k.clone(), v.clone());
                 if imp == ImplArg::Tiled {
                     Box::new(move || Ok(tiled::attention(&q, &k, &v, &parts, scale)?))
                 } else {
-                    Box::new(move || Ok(decode::attention(&q, &k, &v, &parts, scale)?))
+                    Box::new(move || Ok(few_queries::attention(&q, &k, &v, &parts, scale)?))
                 }
             }
             ImplArg::CandleFlash => {
@@ -361,7 +362,7 @@ fn flash_attn_runner(
     scale: f64,
 ) -> Result<Box<dyn Fn() -> Result<Tensor> + Send + Sync>> {
     use anyhow::Context;
-    use candle_attention::sdpa::flash_cuda;
+    use candle_attention::testing::sdpa::flash as flash_cuda;
     let dev = if q.device().is_cuda() {
         q.device().clone()
     } else {

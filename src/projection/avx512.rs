@@ -1,4 +1,6 @@
-//! The AVX-512 micro-kernel of the projection GEMM ([`super::gemm`]).
+//! The AVX-512 micro-kernels of the projection: the packed GEMM's ([`super::gemm`]: products
+//! and the on-the-fly transposition of strips of `W`) and the in-place row kernel's
+//! ([`super::rows`]).
 //!
 //! Layouts (all `f32`): `x` packed in groups of [`R`] = 6 rows, `(kc, 6)` row-major per group
 //! (element `(r, kk)` of group `g` at `g * gs + kk * 6 + r`), read by broadcast;
@@ -9,14 +11,9 @@
 
 #![allow(clippy::too_many_arguments)]
 
-use super::gemm::Ahead;
-use super::PANEL;
-use crate::simd::avx512::{lanes16, load, store};
+use super::tile::{Ahead, PANEL, R};
+use crate::simd::avx512::{lanes16, load, store, sums_16, transpose_16x16};
 use core::arch::x86_64::*;
-
-/// Rows per micro-tile: 6 rows × 4 vectors = 24 accumulators, 4 registers of `Wᵀ` and one
-/// broadcast, within the 32 registers.
-const R: usize = 6;
 
 /// `y[i * ys + c] += Σ_kk x(i, kk) · wp[kk * 64 + c]` for rows `i < nr`, columns `c < w`,
 /// where `x(i, kk) = x[(i / 6) * gs + kk * 6 + i % 6]` (rows packed in groups of 6).
@@ -251,5 +248,186 @@ unsafe fn tile<const NV: usize, const RR: usize, const FULL: bool>(
                 }
             }
         }
+    }
+}
+
+/// [`super::kernels::pack_strip`] by 16 × 16 blocks transposed in registers (a scalar transposition would
+/// cost more than the products at a few rows of `x`).
+///
+/// # Safety
+/// AVX-512F available; `cols <= 64`, `rows.len() >= cols * k`, `panel.len() >= k * 64`.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn pack_strip(rows: &[f32], cols: usize, k: usize, panel: &mut [f32]) {
+    let (src, dst) = (rows.as_ptr(), panel.as_mut_ptr());
+    let mut j0 = 0;
+    while j0 < cols {
+        let nj = (cols - j0).min(16);
+        let mut k0 = 0;
+        while k0 < k {
+            let nk = (k - k0).min(16);
+            let mask = lanes16(nk);
+            // The next strip's line of row j, into L2 (a hint, never a fault): `W` streams
+            // from memory, and the hardware prefetcher does not follow 16 row streams.
+            let ahead = |j: usize| {
+                _mm_prefetch::<_MM_HINT_T1>(src.wrapping_add((PANEL + j0 + j) * k + k0).cast())
+            };
+            let r: [__m512; 16] = if nj == 16 && nk == 16 {
+                // Whole blocks (nearly all of them), with a fixed trip count, so that the rows
+                // stay in registers instead of going through the stack.
+                std::array::from_fn(|j| {
+                    ahead(j);
+                    // SAFETY: row j0 + j < cols, inputs k0 .. k0 + 16 <= k.
+                    _mm512_loadu_ps(src.add((j0 + j) * k + k0))
+                })
+            } else {
+                std::array::from_fn(|j| {
+                    if j < nj {
+                        ahead(j);
+                        // SAFETY: row j0 + j < cols, inputs k0 .. k0 + nk <= k (masked: the
+                        // lanes past nk are neither read nor faulted on).
+                        _mm512_maskz_loadu_ps(mask, src.add((j0 + j) * k + k0))
+                    } else {
+                        _mm512_setzero_ps()
+                    }
+                })
+            };
+            let t = transpose_16x16(r);
+            for (kk, t) in t.iter().enumerate().take(nk) {
+                // SAFETY: panel row k0 + kk < k, lanes j0 .. j0 + 16 <= 64 (j0 < cols <= 64
+                // and j0 is a multiple of 16).
+                _mm512_storeu_ps(dst.add((k0 + kk) * PANEL + j0), *t);
+            }
+            k0 += 16;
+        }
+        j0 += 16;
+    }
+}
+
+/// How many groups of rows of `w` ahead [`rows_block`] prefetches (measured: 2 to 16 give
+/// the same speed; 1, or prefetching into L1, much less).
+const PREFETCH_GROUPS: usize = 4;
+
+/// Register tiles of 4 rows of `w` × 4 rows of `x`: 16 accumulators of 16 lanes, each step
+/// loading 4 + 4 vectors for 16 FMAs; masked loads for the last `k % 16` columns. A whole tile
+/// ends with the 16 horizontal sums in one vector ([`sums_16`]), lanes ordered so that each
+/// quarter is 4 consecutive outputs of one row of `y`: 4 vector stores, bias added.
+///
+/// # Safety
+/// The CPU has avx512f; `x` holds `m · k`, `w` `rows · k` and `bias` (if any) `rows` floats;
+/// `y` as in [`super::kernels::rows_block`].
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn rows_block(
+    x: &[f32],
+    m: usize,
+    w: &[f32],
+    rows: usize,
+    k: usize,
+    bias: Option<&[f32]>,
+    y: *mut f32,
+    ys: usize,
+) {
+    let tail = k % 16;
+    let tail_mask: __mmask16 = ((1u32 << tail) - 1) as __mmask16;
+    let bias_at = |r: usize| bias.map_or(0.0, |b| b[r]);
+    // With 4 or more tiles of 4 rows of `x` per group of rows of `w`, the prefetches of the
+    // group's row b are issued by tile b (one line per step), not all by the first tile: a
+    // burst of 4 × k / 16 prefetches queued behind each other (32 rows of `x`, 58101 × 512:
+    // 171 → 185 GFLOP/s on 2 threads).
+    let spread = m >= 16;
+    // One tile: MR rows of x from i, NR rows of w from r; `$finish` stores it.
+    macro_rules! tile {
+        ($mr:expr, $nr:expr, $i:expr, $r:expr, $finish:ident) => {{
+            // Tiles prefetch, into L2, the rows of `w` PREFETCH_GROUPS groups ahead (which
+            // tiles: `spread`): without it the weights arrived from memory at 22 GB/s with one
+            // row of `x` and 14 GB/s with 8 (the loads of `w` stalled the kernel), with it at
+            // 35 and 29 GB/s, the machine's streaming bandwidth (an opus-mt output
+            // projection, 58101 × 512, 2 threads).
+            let prefetch: [bool; $nr] =
+                std::array::from_fn(|b| if spread { $i == 4 * b } else { $i == 0 });
+            let mut acc = [[_mm512_setzero_ps(); $nr]; $mr];
+            let xp: [*const f32; $mr] = std::array::from_fn(|a| x.as_ptr().add(($i + a) * k));
+            let wp: [*const f32; $nr] = std::array::from_fn(|b| w.as_ptr().add(($r + b) * k));
+            let mut c = 0;
+            while c + 16 <= k {
+                for b in 0..$nr {
+                    if prefetch[b] {
+                        // A hint, never a fault: past the end of `w` it does nothing.
+                        _mm_prefetch::<_MM_HINT_T1>(
+                            wp[b].wrapping_add(c + PREFETCH_GROUPS * $nr * k).cast(),
+                        );
+                    }
+                }
+                let wv: [__m512; $nr] = std::array::from_fn(|b| _mm512_loadu_ps(wp[b].add(c)));
+                for a in 0..$mr {
+                    let xv = _mm512_loadu_ps(xp[a].add(c));
+                    for b in 0..$nr {
+                        acc[a][b] = _mm512_fmadd_ps(xv, wv[b], acc[a][b]);
+                    }
+                }
+                c += 16;
+            }
+            if tail > 0 {
+                let wv: [__m512; $nr] =
+                    std::array::from_fn(|b| _mm512_maskz_loadu_ps(tail_mask, wp[b].add(c)));
+                for a in 0..$mr {
+                    let xv = _mm512_maskz_loadu_ps(tail_mask, xp[a].add(c));
+                    for b in 0..$nr {
+                        acc[a][b] = _mm512_fmadd_ps(xv, wv[b], acc[a][b]);
+                    }
+                }
+            }
+            $finish!(acc, $mr, $nr, $i, $r);
+        }};
+    }
+    // Any tile: one horizontal sum per output.
+    macro_rules! finish_each {
+        ($acc:ident, $mr:expr, $nr:expr, $i:expr, $r:expr) => {
+            for a in 0..$mr {
+                for b in 0..$nr {
+                    *y.add(($i + a) * ys + $r + b) =
+                        _mm512_reduce_add_ps($acc[a][b]) + bias_at($r + b);
+                }
+            }
+        };
+    }
+    // A 4 × 4 tile: lane 4a + b of the sums is output (i + a, r + b).
+    macro_rules! finish_4x4 {
+        ($acc:ident, $mr:expr, $nr:expr, $i:expr, $r:expr) => {{
+            let s = sums_16(std::array::from_fn(|j| $acc[j / 4][j % 4]));
+            let b4 = match bias {
+                Some(b) => _mm_loadu_ps(b.as_ptr().add($r)),
+                None => _mm_setzero_ps(),
+            };
+            let row = |a: usize| y.add(($i + a) * ys + $r);
+            _mm_storeu_ps(row(0), _mm_add_ps(_mm512_extractf32x4_ps::<0>(s), b4));
+            _mm_storeu_ps(row(1), _mm_add_ps(_mm512_extractf32x4_ps::<1>(s), b4));
+            _mm_storeu_ps(row(2), _mm_add_ps(_mm512_extractf32x4_ps::<2>(s), b4));
+            _mm_storeu_ps(row(3), _mm_add_ps(_mm512_extractf32x4_ps::<3>(s), b4));
+        }};
+    }
+    let mut r = 0;
+    while r + 4 <= rows {
+        let mut i = 0;
+        while i + 4 <= m {
+            tile!(4, 4, i, r, finish_4x4);
+            i += 4;
+        }
+        while i < m {
+            tile!(1, 4, i, r, finish_each);
+            i += 1;
+        }
+        r += 4;
+    }
+    while r < rows {
+        let mut i = 0;
+        while i + 4 <= m {
+            tile!(4, 1, i, r, finish_each);
+            i += 4;
+        }
+        while i < m {
+            tile!(1, 1, i, r, finish_each);
+            i += 1;
+        }
+        r += 1;
     }
 }

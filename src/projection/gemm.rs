@@ -12,14 +12,13 @@
 //! registers over the chunk. Chunks of 128 inputs, whose panel stays in L1, measured 3–4%
 //! slower at 128 rows (the output tile is then loaded and stored four times).
 
-use super::PANEL;
-use crate::simd::{fma, with_scratch, Isa};
+use super::kernels::{accumulate, pack_strip};
+use super::tile::{Ahead, OutPtr, PANEL, R};
+use crate::simd::{with_scratch, Isa};
 use rayon::prelude::*;
 
 /// Rows per task (a multiple of the micro-tile's [`R`]).
 const MB: usize = 72;
-/// Rows per micro-tile, the packing group of `x`.
-const R: usize = 6;
 /// Inputs per chunk of the reduction (see the module's documentation).
 const KC: usize = 512;
 /// Below this many input floats the rows are packed on the calling thread (64K floats take
@@ -44,24 +43,6 @@ pub(super) struct Operands<'a> {
     /// `n` values added to every row.
     pub bias: Option<&'a [f32]>,
 }
-
-/// The output pointer shared by the parallel tasks of a product, each of which writes its own
-/// rectangle ([`gemm`], [`gemm_rows`], and [`super::mapped`]'s row kernel).
-#[derive(Clone, Copy)]
-pub(super) struct OutPtr(pub(super) *mut f32);
-
-impl OutPtr {
-    /// The pointer (a method, so that a closure captures the whole `Sync` wrapper, not the
-    /// raw pointer in it).
-    pub(super) fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-// SAFETY: tasks only write through the pointer into disjoint rectangles of the output (see
-// `gemm`), and the buffer outlives the parallel loop.
-unsafe impl Send for OutPtr {}
-// SAFETY: as above.
-unsafe impl Sync for OutPtr {}
 
 /// `y` `(m, n)` row-major `= x · Wᵀ[:, col0 ..][:, ..n] + bias`, a new buffer.
 pub(super) fn gemm(isa: Isa, op: Operands) -> Vec<f32> {
@@ -300,81 +281,6 @@ fn with_panel_scratch<T>(len: usize, f: impl FnOnce(&mut [f32]) -> T) -> T {
     })
 }
 
-/// Transposes `cols` rows of `W` (`k` floats each, row-major) into a panel:
-/// `panel[kk * 64 + j] = rows[j * k + kk]` for `j < cols <= 64`, `kk < k`. Lanes `j >= cols`
-/// are unspecified (the micro-kernel never reads them into a result).
-fn pack_strip(isa: Isa, rows: &[f32], cols: usize, k: usize, panel: &mut [f32]) {
-    assert!(cols <= PANEL && rows.len() >= cols * k && panel.len() >= k * PANEL);
-    match isa {
-        // SAFETY: `Isa::Avx512` exists only after avx512f was detected; the lengths are
-        // asserted above.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { pack_strip_avx512(rows, cols, k, panel) },
-        _ => {
-            for (j, row) in rows.chunks_exact(k).take(cols).enumerate() {
-                for (kk, &v) in row.iter().enumerate() {
-                    panel[kk * PANEL + j] = v;
-                }
-            }
-        }
-    }
-}
-
-/// [`pack_strip`] by 16 × 16 blocks transposed in registers (a scalar transposition would
-/// cost more than the products at a few rows of `x`).
-///
-/// # Safety
-/// AVX-512F available; `cols <= 64`, `rows.len() >= cols * k`, `panel.len() >= k * 64`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn pack_strip_avx512(rows: &[f32], cols: usize, k: usize, panel: &mut [f32]) {
-    use crate::simd::avx512::transpose_16x16;
-    use core::arch::x86_64::*;
-    let (src, dst) = (rows.as_ptr(), panel.as_mut_ptr());
-    let mut j0 = 0;
-    while j0 < cols {
-        let nj = (cols - j0).min(16);
-        let mut k0 = 0;
-        while k0 < k {
-            let nk = (k - k0).min(16);
-            let mask = crate::simd::avx512::lanes16(nk);
-            // The next strip's line of row j, into L2 (a hint, never a fault): `W` streams
-            // from memory, and the hardware prefetcher does not follow 16 row streams.
-            let ahead = |j: usize| {
-                _mm_prefetch::<_MM_HINT_T1>(src.wrapping_add((PANEL + j0 + j) * k + k0).cast())
-            };
-            let r: [__m512; 16] = if nj == 16 && nk == 16 {
-                // Whole blocks (nearly all of them), with a fixed trip count, so that the rows
-                // stay in registers instead of going through the stack.
-                std::array::from_fn(|j| {
-                    ahead(j);
-                    // SAFETY: row j0 + j < cols, inputs k0 .. k0 + 16 <= k.
-                    _mm512_loadu_ps(src.add((j0 + j) * k + k0))
-                })
-            } else {
-                std::array::from_fn(|j| {
-                    if j < nj {
-                        ahead(j);
-                        // SAFETY: row j0 + j < cols, inputs k0 .. k0 + nk <= k (masked: the
-                        // lanes past nk are neither read nor faulted on).
-                        _mm512_maskz_loadu_ps(mask, src.add((j0 + j) * k + k0))
-                    } else {
-                        _mm512_setzero_ps()
-                    }
-                })
-            };
-            let t = transpose_16x16(r);
-            for (kk, t) in t.iter().enumerate().take(nk) {
-                // SAFETY: panel row k0 + kk < k, lanes j0 .. j0 + 16 <= 64 (j0 < cols <= 64
-                // and j0 is a multiple of 16).
-                _mm512_storeu_ps(dst.add((k0 + kk) * PANEL + j0), *t);
-            }
-            k0 += 16;
-        }
-        j0 += 16;
-    }
-}
-
 /// Packs `rows` (`nr` rows of `k` floats) in groups of [`R`]: row `i`, input `kk` goes to
 /// `xp[(i / R) * R * k + kk * R + i % R]`. The missing rows of the last group are left as
 /// they are (never read).
@@ -393,150 +299,6 @@ fn pack_rows(rows: &[f32], k: usize, xp: &mut [f32]) {
                 for (kk, &v) in row.iter().enumerate() {
                     dst[kk * R + i] = v;
                 }
-            }
-        }
-    }
-}
-
-/// Memory the micro-kernel prefetches into L2 while it computes, one 64-byte line per input
-/// step: micro-tile `t < tiles` of a call fetches the lines at `base + t * per_tile + 16 * kk`.
-/// [`gemm_rows`] points it at the next strip of a weight read in place, so that
-/// the strip's transposition finds it in L2 instead of stalling on memory between products.
-#[derive(Clone, Copy)]
-pub(super) struct Ahead {
-    /// Any address: prefetches are hints and never fault, so it is only ever offset with
-    /// wrapping arithmetic and never dereferenced.
-    pub(super) base: *const f32,
-    /// Floats between the first lines of consecutive micro-tiles.
-    pub(super) per_tile: usize,
-    /// The micro-tiles that prefetch.
-    pub(super) tiles: usize,
-}
-
-/// `y[i * ys + c] += Σ_kk x(i, kk) · wp[kk * 64 + c]` for rows `i < nr`, columns `c < w`,
-/// inputs `kk < kc`, with `x(i, kk) = x[(i / 6) * gs + kk * 6 + i % 6]` (packed rows).
-///
-/// # Safety
-/// `y` is valid for reads and writes of `w` floats at `y + i * ys` for every `i < nr`, and
-/// nothing else accesses those floats meanwhile.
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn accumulate(
-    isa: Isa,
-    x: &[f32],
-    gs: usize,
-    kc: usize,
-    wp: &[f32],
-    y: *mut f32,
-    ys: usize,
-    nr: usize,
-    w: usize,
-    ahead: Option<Ahead>,
-) {
-    assert!((1..=PANEL).contains(&w) && kc > 0 && gs >= R * kc);
-    assert!(nr == 0 || x.len() >= (nr - 1) / R * gs + (kc - 1) * R + R);
-    assert!(wp.len() >= (kc - 1) * PANEL + w);
-    match isa {
-        // SAFETY: `Isa::Avx512` exists only after avx512f was detected; the lengths of `x`
-        // and `wp` are asserted above and `y`'s rows are the caller's contract: that is
-        // `avx512::accumulate`'s contract.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => {
-            super::avx512::accumulate(x.as_ptr(), gs, kc, wp.as_ptr(), y, ys, nr, w, ahead)
-        }
-        // SAFETY: avx2 and fma were detected; the rows are the caller's contract.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => accumulate_avx2(x, gs, kc, wp, y, ys, nr, w),
-        // SAFETY: the caller's contract.
-        Isa::Portable => accumulate_portable::<false>(x, gs, kc, wp, y, ys, nr, w),
-    }
-}
-
-/// Rows `i < nr`, columns `c < w` of `y` (f16 bits, row stride `ys`) `= round(bias[c] +
-/// Σ_{kk < k} x(i, kk) · wp[kk * 64 + c])`, `x` packed as for [`accumulate`], over the whole
-/// reduction at once with the sums in registers and one rounding, straight into the output
-/// ([`super::avx512::product_f16`]). `None` where the CPU cannot (no AVX-512 BW/VL): the caller
-/// then accumulates into an `f32` tile and rounds it.
-///
-/// # Safety
-/// `y` is valid for writes of `w` values at `y + i * ys` for `i < nr`, and nothing else
-/// accesses them while this runs.
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn product_f16(
-    isa: Isa,
-    x: &[f32],
-    gs: usize,
-    k: usize,
-    wp: &[f32],
-    bias: Option<&[f32]>,
-    y: *mut u16,
-    ys: usize,
-    nr: usize,
-    w: usize,
-) -> Option<()> {
-    assert!((1..=PANEL).contains(&w) && k > 0 && gs >= R * k);
-    assert!(nr == 0 || x.len() >= (nr - 1) / R * gs + (k - 1) * R + R);
-    assert!(wp.len() >= (k - 1) * PANEL + w);
-    assert!(bias.is_none_or(|b| b.len() >= w) && (nr <= 1 || ys >= w));
-    match isa {
-        // SAFETY: `Isa::Avx512` exists only after avx512f was detected, BW and VL are checked
-        // here; the lengths asserted above and the caller's `y` are the kernel's contract.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512
-            if is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vl") =>
-        {
-            let b = bias.map_or(std::ptr::null(), |b| b.as_ptr());
-            super::avx512::product_f16(x.as_ptr(), gs, k, wp.as_ptr(), b, y, ys, nr, w);
-            Some(())
-        }
-        _ => None,
-    }
-}
-
-/// [`accumulate_portable`] compiled with AVX2 and FMA.
-///
-/// # Safety
-/// The CPU has AVX2 and FMA, and the contract of [`accumulate`].
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn accumulate_avx2(
-    x: &[f32],
-    gs: usize,
-    kc: usize,
-    wp: &[f32],
-    y: *mut f32,
-    ys: usize,
-    nr: usize,
-    w: usize,
-) {
-    // SAFETY: the caller's contract.
-    accumulate_portable::<true>(x, gs, kc, wp, y, ys, nr, w)
-}
-
-/// Plain-Rust [`accumulate`], row by row (the loop over the `w` columns vectorises).
-///
-/// # Safety
-/// The contract of [`accumulate`].
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn accumulate_portable<const FMA: bool>(
-    x: &[f32],
-    gs: usize,
-    kc: usize,
-    wp: &[f32],
-    y: *mut f32,
-    ys: usize,
-    nr: usize,
-    w: usize,
-) {
-    for i in 0..nr {
-        // SAFETY: row i < nr of the caller's rectangle, `w` floats, accessed by no one else.
-        let row = std::slice::from_raw_parts_mut(y.add(i * ys), w);
-        let group = &x[i / R * gs + i % R..];
-        for kk in 0..kc {
-            let a = group[kk * R];
-            for (yv, &wv) in row.iter_mut().zip(&wp[kk * PANEL..kk * PANEL + w]) {
-                *yv = fma::<FMA>(a, wv, *yv);
             }
         }
     }

@@ -20,8 +20,8 @@
 //! accumulator) into the output once. Tasks run in parallel on rayon's pool when the product
 //! is big enough to pay for waking it.
 
-use super::bf16::{self, Kernel, R};
-use super::PANEL;
+use super::bf16::{self, Kernel};
+use super::tile::{PANEL, R};
 use crate::simd::{with_scratch, Isa};
 use candle::{DType, Device, Storage, Tensor};
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
@@ -346,7 +346,7 @@ pub(super) fn gemm(op: &Operands, panels: Panels) -> Vec<u16> {
                     }
                     Panels::F32(pp, isa, DType::F16) if k <= SINGLE_PASS_F32 => {
                         let panel = &pp[p * panel_len + within..(p + 1) * panel_len];
-                        super::gemm::product_f16(
+                        super::kernels::product_f16(
                             isa,
                             xg,
                             group,
@@ -403,7 +403,7 @@ pub(super) fn gemm(op: &Operands, panels: Panels) -> Vec<u16> {
                         // SAFETY: `acc` holds rows.len() <= MB rows of 64 floats, a local
                         // buffer nothing else accesses; `accumulate` checks `x` and the panel.
                         unsafe {
-                            super::gemm::accumulate(
+                            super::kernels::accumulate(
                                 isa,
                                 &xg[k0 * R..],
                                 group,

@@ -31,19 +31,25 @@
 //! rebuilt, a copy, only if something asks for it); otherwise as a transposed view of the
 //! tensor given (a `Var` stays live: an optimizer's update is seen by the next forward pass).
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_bf16;
 mod bf16;
 mod gemm;
 mod half;
+mod kernels;
 pub mod mapped;
-
-#[cfg(target_arch = "x86_64")]
-mod avx512;
+mod portable;
+mod rows;
+mod tile;
 
 use crate::simd::{cpu_f32, Isa};
 use candle::{DType, Device, Module, Tensor};
 
-/// Output columns per packed panel of `Wᵀ` (the width of the micro-kernel).
-pub(crate) const PANEL: usize = 64;
+use tile::PANEL;
 
 /// How a [`Projection`] holds its weight.
 #[derive(Clone, Debug)]
@@ -385,7 +391,7 @@ impl Module for Projection {
                 Some((bs, bl)) => Some(&cpu_f32(bs)?[bl.start_offset()..][..n]),
                 None => None,
             };
-            let y = mapped::linear_nt(xv, m, wv, n, k, bias);
+            let y = rows::linear_nt(xv, m, wv, n, k, bias);
             return Tensor::from_vec(y, out_dims, &Device::Cpu);
         }
         // Autograd, CUDA, other dtypes: candle's ops, as candle-nn's `Linear`.

@@ -132,7 +132,7 @@ pub fn attention_with(
     scale: f64,
     cfg: &BlockedConfig,
 ) -> candle::Result<Tensor> {
-    let shape = super::check_qkv(q, k, v)?;
+    let shape = super::shapes::check_qkv(q, k, v)?;
     let (b, h, l, s) = (shape.batch, shape.heads, shape.q_len, shape.k_len);
     let (hkv, d, dv) = (k.dim(1)?, q.dim(3)?, v.dim(3)?);
     let group = h / hkv;

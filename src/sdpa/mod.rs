@@ -3,22 +3,25 @@
 //! [`scaled_dot_product_attention`] validates its inputs, resolves the [`Mask`] and hands the
 //! work to a kernel. Every kernel gives the same answer up to floating-point round-off:
 //!
-//! * [`tiled`]: a memory-efficient online-softmax kernel for CPU tensors (FlashAttention-2
-//!   style, never the `(L, S)` matrix); [`decode`] is its split-over-keys variant for a few
-//!   queries against a long key sequence (incremental decoding).
-//! * [`blocked`]: the same online softmax written in candle tensor ops (query blocks × key
-//!   blocks), for every device: memory linear in the sequence length, no host round trip.
-//! * [`naive`]: materialises the `(B, H, L, S)` score matrix, returns the attention weights
-//!   and supports autograd on every candle device.
-//! * `flash_cuda` (feature `flash-attn`): FlashAttention-2 from `candle-flash-attn` for CUDA
-//!   `f16`/`bf16` tensors without weights, dropout or autograd, when the mask is none, causal
-//!   aligned bottom-right (`offset = S − L`) or key padding it can pack ([`varlen`]); it runs
-//!   first and declines everything else.
+//! * the CPU kernels (`src/sdpa/cpu/`): a memory-efficient tiled online-softmax kernel
+//!   (FlashAttention-2 style, never the `(L, S)` matrix) and its split-over-keys variant for a
+//!   few queries against a long key sequence (incremental decoding), with micro-kernels per
+//!   instruction set;
+//! * the blocked kernel (`blocked.rs`): the same online softmax written in candle tensor ops
+//!   (query blocks × key blocks), for every device: memory linear in the sequence length, no
+//!   host round trip;
+//! * the naive kernel (`naive.rs`): materialises the `(B, H, L, S)` score matrix, returns the
+//!   attention weights and supports autograd on every candle device;
+//! * the CUDA paths (`src/sdpa/cuda/`, feature `flash-attn`): FlashAttention-2 from
+//!   `candle-flash-attn` for CUDA `f16`/`bf16` tensors without weights, dropout or autograd,
+//!   when the mask is none, causal aligned bottom-right (`offset = S − L`) or key padding it
+//!   can pack into the variable-length layout; it runs first and declines everything else.
 //!
 //! The choice is automatic when the weights are not requested, dropout is 0 and no input (mask
-//! included) tracks gradients: CPU tensors of dtype `f32`, `f16` or `bf16` take the tiled
-//! kernel (the decode one for at most [`decode::MAX_QUERIES`] queries), everything else
-//! (CUDA, Metal, `f64`) the blocked one. Weights, training and autograd take the naive path.
+//! included) tracks gradients: CPU tensors of dtype `f32`, `f16` or `bf16` take the CPU
+//! kernels (the few-queries one for at most 4 queries), everything else (CUDA, Metal, `f64`)
+//! the blocked one. Weights, training and autograd take the naive path. The kernels are not
+//! public API (they are reachable for tests through the hidden `candle_attention::testing`).
 //!
 //! ## Fully masked rows
 //! A query whose keys are all blocked (every score `-inf`) has no defined softmax. We define
@@ -31,34 +34,25 @@
 //! ## Grouped-query attention
 //! Keys and values may have fewer heads `Hkv` than the queries `H` when `Hkv` divides `H`
 //! (GQA; MQA for `Hkv = 1`): query head `h` uses key/value head `h / (H / Hkv)`. The naive path
-//! groups the query heads of one key/value head into one matrix product; the tiled and decode
-//! kernels pick the key/value head per task. Neither copies K or V per query head.
+//! groups the query heads of one key/value head into one matrix product; the CPU kernels
+//! pick the key/value head per task. Neither copies K or V per query head.
 //!
 //! ## Precision
 //! For `f16`/`bf16` inputs, scores, softmax statistics and the weighted sum are accumulated in
 //! `f32` and the result is cast back to the input dtype. The naive path converts the inputs to
-//! `f32`; the tiled and decode kernels read them in place and convert per tile, and for bf16 on
+//! `f32`; the CPU kernels read them in place and convert per tile, and for bf16 on
 //! CPUs with AVX-512 BF16 multiply bf16 pairs directly (`vdpbf16ps`), rounding the softmax
-//! probabilities to bf16 before `P·V` (the module `half` says where every rounding happens).
+//! probabilities to bf16 before `P·V` (`src/sdpa/cpu/half.rs` says where every rounding happens).
 
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod avx512;
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod avx512_half;
-pub mod blocked;
-pub mod decode;
-#[cfg(feature = "flash-attn")]
-pub mod flash_cuda;
-pub(crate) mod half;
-pub mod naive;
-pub mod tiled;
-pub mod varlen;
-
-#[cfg(test)]
-mod kernel_tests;
+pub(crate) mod blocked;
+pub(crate) mod cpu;
+pub(crate) mod cuda;
+pub(crate) mod naive;
+mod shapes;
 
 use crate::mask::{AttentionShape, Mask};
 use candle::{DType, Device, Tensor};
+use shapes::check_qkv;
 
 /// Options of [`scaled_dot_product_attention`]. `Default` is: no mask, scale
 /// `1 / sqrt(head_dim)`, no weights, no dropout.
@@ -141,12 +135,12 @@ pub fn scaled_dot_product_attention(
         None => 1.0 / (head_dim as f64).sqrt(),
     };
     args.mask.validate(shape)?;
-    // ---- flash-attn hook (feature `flash-attn`; src/sdpa/flash_cuda.rs) ----
+    // ---- flash-attn hook (feature `flash-attn`; src/sdpa/cuda/flash.rs) ----
     // CUDA f16/bf16 through candle-flash-attn. It returns None for whatever it cannot compute
     // exactly (other devices and dtypes, head sizes, masks), and the dispatch below goes on.
     #[cfg(feature = "flash-attn")]
     if !args.need_weights && args.dropout == 0.0 && ![q, k, v].iter().any(|t| t.track_op()) {
-        if let Some(output) = flash_cuda::try_attention(q, k, v, &args.mask, shape, scale)? {
+        if let Some(output) = cuda::flash::try_attention(q, k, v, &args.mask, shape, scale)? {
             return Ok(AttentionOutput {
                 output,
                 weights: None,
@@ -165,10 +159,8 @@ pub fn scaled_dot_product_attention(
         if !mask_tracks {
             let output = if !uses_cpu_kernels(q.device(), q.dtype()) {
                 blocked::attention(q, k, v, &parts, scale)?
-            } else if shape.q_len <= decode::MAX_QUERIES {
-                decode::attention(q, k, v, &parts, scale)?
             } else {
-                tiled::attention(q, k, v, &parts, scale)?
+                cpu::attention(q, k, v, &parts, scale)?
             };
             return Ok(AttentionOutput {
                 output,
@@ -199,8 +191,8 @@ pub fn uses_memory_efficient_kernel(device: &Device, dtype: DType, need_weights:
     !need_weights
 }
 
-/// True when inputs on `device` of `dtype` take the CPU kernels ([`tiled`], [`decode`]) rather
-/// than [`blocked`] on the memory-efficient path.
+/// True when inputs on `device` of `dtype` take the CPU kernels ([`cpu`]) rather than
+/// [`blocked`] on the memory-efficient path.
 fn uses_cpu_kernels(device: &Device, dtype: DType) -> bool {
     matches!(device, Device::Cpu) && matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
 }
@@ -211,83 +203,4 @@ pub fn naive_attention_bytes(shape: AttentionShape) -> u64 {
     [shape.batch, shape.heads, shape.q_len, shape.k_len, 12]
         .iter()
         .fold(1u64, |acc, &x| acc.saturating_mul(x as u64))
-}
-
-/// Checks ranks, sizes, dtypes and devices of `q`, `k`, `v` (`Hkv` key/value heads must divide
-/// the `H` query heads); returns `(B, H, L, S)`.
-pub(crate) fn check_qkv(q: &Tensor, k: &Tensor, v: &Tensor) -> candle::Result<AttentionShape> {
-    for (name, t) in [("query", q), ("key", k), ("value", v)] {
-        if t.rank() != 4 {
-            candle::bail!(
-                "{name} must be (batch, heads, seq, head_dim), got shape {:?}",
-                t.dims()
-            )
-        }
-        if !t.dtype().is_float() {
-            candle::bail!("{name} must have a float dtype, got {:?}", t.dtype())
-        }
-    }
-    let (b, h, l, d) = q.dims4()?;
-    let (kb, kh, s, kd) = k.dims4()?;
-    let (vb, vh, vs, _) = v.dims4()?;
-    if kb != b || vb != b {
-        candle::bail!(
-            "query, key and value must agree on the batch size: query {:?}, key {:?}, value {:?}",
-            q.dims(),
-            k.dims(),
-            v.dims()
-        )
-    }
-    if vh != kh {
-        candle::bail!(
-            "key and value must have the same number of heads: key {:?}, value {:?}",
-            k.dims(),
-            v.dims()
-        )
-    }
-    if kh == 0 || !h.is_multiple_of(kh) {
-        candle::bail!(
-            "the {h} query heads must be a multiple of the {kh} key/value heads (grouped-query \
-             attention shares each key/value head among H / Hkv query heads): query {:?}, key {:?}, value {:?}",
-            q.dims(),
-            k.dims(),
-            v.dims()
-        )
-    }
-    if kd != d {
-        candle::bail!(
-            "query and key must have the same head_dim: query {:?}, key {:?}",
-            q.dims(),
-            k.dims()
-        )
-    }
-    if vs != s {
-        candle::bail!(
-            "key and value must have the same sequence length: key {:?}, value {:?}",
-            k.dims(),
-            v.dims()
-        )
-    }
-    if k.dtype() != q.dtype() || v.dtype() != q.dtype() {
-        candle::bail!(
-            "query, key and value must share one dtype: {:?}, {:?}, {:?}",
-            q.dtype(),
-            k.dtype(),
-            v.dtype()
-        )
-    }
-    if !k.device().same_device(q.device()) || !v.device().same_device(q.device()) {
-        candle::bail!(
-            "query, key and value must be on one device: {:?}, {:?}, {:?}",
-            q.device().location(),
-            k.device().location(),
-            v.device().location()
-        )
-    }
-    Ok(AttentionShape {
-        batch: b,
-        heads: h,
-        q_len: l,
-        k_len: s,
-    })
 }

@@ -1,6 +1,6 @@
 //! FlashAttention-2 on CUDA through `candle-flash-attn` (feature `flash-attn`).
 //!
-//! [`try_attention`] is what [`super::scaled_dot_product_attention`] calls first for CUDA
+//! [`try_attention`] is what [`crate::scaled_dot_product_attention`] calls first for CUDA
 //! tensors; it returns `Ok(None)` for whatever the kernel cannot compute exactly, and the
 //! dispatch then goes on as without the feature. It takes:
 //!
@@ -122,7 +122,7 @@ pub fn attention(
     mask: &Mask,
     scale: f64,
 ) -> candle::Result<Tensor> {
-    let shape = super::check_qkv(q, k, v)?;
+    let shape = crate::sdpa::shapes::check_qkv(q, k, v)?;
     mask.validate(shape)?;
     if let Some(reason) = unsupported_reason(q, k, v) {
         candle::bail!("{reason}")
@@ -189,7 +189,7 @@ mod tests {
     //! The GPU half runs only where there is one: `#[ignore]`d, and run by scripts/gpu-run.sh
     //! (`--ignored sdpa::flash_cuda`). The packing itself is tested on the CPU in `varlen`.
     use super::*;
-    use crate::sdpa::varlen::tests::max_diff;
+    use crate::sdpa::cuda::varlen::tests::max_diff;
     use crate::{scaled_dot_product_attention, SdpaArgs};
 
     fn randn(shape: (usize, usize, usize, usize), device: &Device) -> Tensor {

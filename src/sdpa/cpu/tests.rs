@@ -1,12 +1,12 @@
-//! Unit tests of the CPU kernels ([`super::tiled`], [`super::decode`]) against a scalar
+//! Unit tests of the CPU kernels ([`super::tiled`], [`super::few_queries`]) against a scalar
 //! reference written out in plain loops, on shapes small enough for Miri: these are the tests
 //! `scripts/sanitize.sh` runs under Miri (portable kernels, since Miri reports no SIMD
 //! features) and under AddressSanitizer (the AVX-512 kernels, on a CPU that has them).
 //! Sizes straddle the block edges (`block_k` 16, 64-query blocks) so that every partial-tile
 //! path and its pointer arithmetic is exercised.
 
-use super::tiled::{TiledConfig, BQ};
-use super::{decode, tiled};
+use super::tile::{TiledConfig, BQ};
+use super::{few_queries, tiled};
 use crate::mask::{AttentionShape, Mask, MaskParts};
 use candle::{DType, Device, Tensor};
 
@@ -75,7 +75,7 @@ fn check_both_kernels(
             ("tiled", tiled::attention_with(q, k, v, parts, scale, &cfg)),
             (
                 "decode",
-                decode::attention_with(q, k, v, parts, scale, &cfg),
+                few_queries::attention_with(q, k, v, parts, scale, &cfg),
             ),
         ] {
             let got = got
@@ -295,7 +295,7 @@ fn half_kernels_match_the_reference() {
                     ),
                     (
                         "decode",
-                        decode::attention_with(&q, &k, &v, &parts, scale, &cfg),
+                        few_queries::attention_with(&q, &k, &v, &parts, scale, &cfg),
                     ),
                 ] {
                     let got = got.unwrap();

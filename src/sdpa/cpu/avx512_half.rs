@@ -29,7 +29,7 @@
 #![allow(clippy::too_many_arguments)]
 
 use super::avx512::{running_max, update_sums};
-use super::tiled::BQ;
+use super::tile::BQ;
 use crate::simd::avx512::{exp2_ps_bf16, lanes16, lanes32, load, store, transpose_16x16};
 use core::arch::x86_64::*;
 use core::mem::transmute;

@@ -17,7 +17,7 @@
 //! `f32` values; the output is rounded to bf16 once at the end. The f16 path rounds nothing
 //! but the output. Measured costs are in the README ("Accuracy").
 
-use super::tiled::BQ;
+use super::tile::BQ;
 use crate::simd::Isa;
 use candle::DType;
 use half::vec::HalfBitsVecExt;

@@ -6,7 +6,7 @@
 //! that check). The wrappers also check every slice length the kernels rely on; each kernel
 //! states the precondition it needs in a `# Safety` section.
 //!
-//! Layouts (all `f32`, `BQ` = [`super::tiled::BQ`] = 64 queries per block):
+//! Layouts (all `f32`, `BQ` = [`super::tile::BQ`] = 64 queries per block):
 //! * `qt`: the query block transposed, `(D, BQ)`: `qt[d * BQ + i]` (pre-scaled, zero padded).
 //! * `st`: the score tile transposed, `(nk, BQ)`: `st[j * BQ + i]` = score of query `i`, key `j`.
 //! * `k`, `v`: key / value rows `j` at `k[j * ks ..]`, `v[j * vs ..]` (head-dim contiguous).
@@ -14,7 +14,7 @@
 
 #![allow(clippy::too_many_arguments)]
 
-use super::tiled::BQ;
+use super::tile::BQ;
 use crate::simd::avx512::{exp2_ps, lanes16, load, store, transpose_16x16};
 use core::arch::x86_64::*;
 

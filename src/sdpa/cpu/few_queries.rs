@@ -14,15 +14,15 @@
 //! Extra memory: `O(B · H · chunks · L · Dv)` for the partials. Fully masked rows give zeros.
 
 use super::half::Kind;
-use super::tiled::{
-    group_scratch_len, query_group, Inputs, OutBlock, OutRows, Prepared, TiledConfig, BQ,
-};
+use super::prepare::{Inputs, OutBlock, OutRows, Prepared};
+use super::tile::{TiledConfig, BQ};
+use super::tiled::{group_scratch_len, query_group};
 use crate::mask::MaskParts;
 use crate::simd::{with_scratch, Isa};
 use candle::Tensor;
 use rayon::prelude::*;
 
-/// Queries per head up to which [`super::scaled_dot_product_attention`] uses this path.
+/// Queries per head up to which [`super::attention`] uses this path.
 pub const MAX_QUERIES: usize = 4;
 
 /// Keys per task at least (smaller chunks cost more in merging than they gain).
@@ -32,18 +32,7 @@ const MIN_CHUNK: usize = 512;
 /// `(B, Hkv, S, D)` and `v` `(B, Hkv, S, Dv)` (`Hkv` dividing `H`: grouped-query attention,
 /// K/V read in place), CPU tensors of one dtype (`f32`, `f16`, `bf16`); returns
 /// `(B, H, L, Dv)` in the input dtype. `mask` comes from [`crate::Mask::decompose`].
-pub fn attention(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    mask: &MaskParts,
-    scale: f64,
-) -> candle::Result<Tensor> {
-    attention_with(q, k, v, mask, scale, &TiledConfig::default())
-}
-
-/// [`attention`] with a [`TiledConfig`] (`block_k`, `force_portable` and `half_dot` are
-/// honoured):
+/// With the knobs of `cfg` (`block_k`, `force_portable` and `half_dot` are honoured):
 /// `q` `(B, H, L, D)`, `k` `(B, Hkv, S, D)`, `v` `(B, Hkv, S, Dv)` → `(B, H, L, Dv)`.
 /// More than 256 queries take the plain tiled kernel.
 pub fn attention_with(
@@ -58,7 +47,7 @@ pub fn attention_with(
         return super::tiled::attention_with(q, k, v, mask, scale, cfg);
     }
     if cfg.block_k == 0 {
-        candle::bail!("decode attention: block_k must be at least 1")
+        candle::bail!("few-queries attention: block_k must be at least 1")
     }
     let prep = Prepared::new(q, k, v, mask, scale)?;
     let isa = Isa::detect(cfg.force_portable);

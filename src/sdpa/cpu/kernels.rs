@@ -1,0 +1,172 @@
+//! The micro-kernels of the tiled attention, one safe wrapper each: it checks the lengths the
+//! kernel relies on and calls the version of the instruction set (`portable`, `avx2`,
+//! `avx512`).
+
+use super::portable;
+use super::tile::BQ;
+#[cfg(target_arch = "x86_64")]
+use super::{avx2, avx512};
+use crate::simd::Isa;
+
+/// `qt[dd * BQ + i] = q[i * qs + dd]` for `i < nq`, `dd < d`, zero for
+/// `nq <= i < 16 * ceil(nq / 16)`: the query block as the score kernel reads it.
+pub(super) fn transpose_queries(
+    isa: Isa,
+    q: &[f32],
+    qs: usize,
+    nq: usize,
+    d: usize,
+    qt: &mut [f32],
+) {
+    assert!(nq <= BQ && qt.len() >= d * BQ);
+    assert!(nq == 0 || q.len() >= (nq - 1) * qs + d);
+    match isa {
+        // SAFETY: avx512f detected (see `Isa`); the lengths asserted above are the
+        // preconditions of `avx512::transpose_queries`.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { avx512::transpose_queries(q.as_ptr(), qs, nq, d, qt.as_mut_ptr()) },
+        _ => {
+            for i in 0..nq {
+                let qrow = &q[i * qs..i * qs + d];
+                for (col, &x) in qt.chunks_exact_mut(BQ).zip(qrow) {
+                    col[i] = x;
+                }
+            }
+            let padded = nq.div_ceil(16) * 16;
+            if nq < padded {
+                for col in qt.chunks_exact_mut(BQ).take(d) {
+                    col[nq..padded].fill(0.0);
+                }
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn scores(
+    isa: Isa,
+    qt: &[f32],
+    d: usize,
+    k: &[f32],
+    ks: usize,
+    nk: usize,
+    st: &mut [f32],
+    nv: usize,
+    c: f32,
+) {
+    assert!((1..=4).contains(&nv) && qt.len() >= d * BQ && st.len() >= nk * BQ);
+    assert!(nk == 0 || k.len() >= (nk - 1) * ks + d);
+    match isa {
+        // SAFETY: `Isa::Avx512` exists only after `is_x86_feature_detected!("avx512f")`; the
+        // asserts above are exactly the length preconditions of `avx512::scores`.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe {
+            avx512::scores(qt.as_ptr(), d, k.as_ptr(), ks, nk, st.as_mut_ptr(), nv, c)
+        },
+        // SAFETY: `Isa::Avx2` exists only after detecting avx2 and fma.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::scores(qt, d, k, ks, nk, st, nv, c) },
+        Isa::Portable => portable::scores::<false>(qt, d, k, ks, nk, st, nv, c),
+    }
+}
+
+pub(super) fn add_key_bias(isa: Isa, st: &mut [f32], nk: usize, kb: &[f32], nv: usize) {
+    assert!(nv <= 4 && kb.len() >= nk && st.len() >= nk * BQ);
+    match isa {
+        // SAFETY: avx512f detected (see `Isa`); lengths asserted above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { avx512::add_key_bias(st.as_mut_ptr(), nk, kb.as_ptr(), nv) },
+        _ => {
+            for (j, &b) in kb[..nk].iter().enumerate() {
+                st[j * BQ..j * BQ + 16 * nv]
+                    .iter_mut()
+                    .for_each(|x| *x += b);
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn softmax_update(
+    isa: Isa,
+    st: &mut [f32],
+    nk: usize,
+    m: &mut [f32],
+    l: &mut [f32],
+    alpha: &mut [f32],
+    nv: usize,
+) {
+    assert!(
+        nv <= 4
+            && st.len() >= nk * BQ
+            && m.len() >= 16 * nv
+            && l.len() >= 16 * nv
+            && alpha.len() >= 16 * nv
+    );
+    match isa {
+        // SAFETY: avx512f detected (see `Isa`); lengths asserted above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe {
+            avx512::softmax_update(
+                st.as_mut_ptr(),
+                nk,
+                m.as_mut_ptr(),
+                l.as_mut_ptr(),
+                alpha.as_mut_ptr(),
+                nv,
+            )
+        },
+        // SAFETY: avx2 and fma detected (see `Isa`).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::softmax_update(st, nk, m, l, alpha, nv) },
+        Isa::Portable => portable::softmax_update::<false>(st, nk, m, l, alpha, nv),
+    }
+}
+
+/// `o[i * os ..][:dv] = alpha[i] · o[i * os ..][:dv] + Σ_j st[j * BQ + i] · v[j * vs ..][:dv]`
+/// for rows `i < nq`, keys `j < nk`: the `P · V` step, into output rows `os` floats apart.
+///
+/// With `first` the old rows are not read (they may be uninitialised): `o = Σ_j ...`.
+///
+/// # Safety
+/// Rows `i < nq` of `o` (`dv` floats at `o + i * os`, `dv <= os` when `nq > 1`) are valid for
+/// reads and writes, and nothing else accesses them meanwhile.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn pv(
+    isa: Isa,
+    st: &[f32],
+    nk: usize,
+    v: &[f32],
+    vs: usize,
+    dv: usize,
+    o: *mut f32,
+    os: usize,
+    nq: usize,
+    alpha: &[f32],
+    first: bool,
+) {
+    assert!(nq <= BQ && st.len() >= nk * BQ && alpha.len() >= nq && (nq <= 1 || dv <= os));
+    assert!(nk == 0 || v.len() >= (nk - 1) * vs + dv);
+    match isa {
+        // SAFETY: avx512f detected (see `Isa`); lengths asserted above and the rows of `o`
+        // (the caller's contract) are the preconditions of `avx512::pv`.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => avx512::pv(
+            st.as_ptr(),
+            nk,
+            v.as_ptr(),
+            vs,
+            dv,
+            o,
+            os,
+            nq,
+            alpha.as_ptr(),
+            first,
+        ),
+        // SAFETY: avx2 and fma detected (see `Isa`); the rows are the caller's contract.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => avx2::pv(st, nk, v, vs, dv, o, os, nq, alpha, first),
+        // SAFETY: the rows are the caller's contract.
+        Isa::Portable => portable::pv::<false>(st, nk, v, vs, dv, o, os, nq, alpha, first),
+    }
+}

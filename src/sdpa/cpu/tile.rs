@@ -1,0 +1,34 @@
+//! The tile sizes and knobs the CPU attention kernels share: a leaf, so that the scheduling code and
+//! every micro-kernel read them from one place without importing each other.
+
+/// Queries per block (the width of the score tile; fixed by the micro-kernels).
+pub const BQ: usize = 64;
+
+/// Default number of keys per block.
+pub(crate) const DEFAULT_BLOCK_K: usize = 128;
+
+/// Knobs of the CPU kernels; `Default` is what [`crate::scaled_dot_product_attention`] uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TiledConfig {
+    /// Keys per block (`>= 1`); the score tile holds `block_k × 64` floats.
+    pub block_k: usize,
+    /// Use the portable kernels even where AVX-512 or AVX2 is available (for testing).
+    pub force_portable: bool,
+    /// Query blocks of [`BQ`] per task (1 to 4); `None` chooses from the shape and the thread
+    /// count.
+    pub blocks_per_task: Option<usize>,
+    /// bf16 inputs: use the AVX-512 BF16 dot-product kernels where the CPU has them (`true`,
+    /// the default); `false` converts bf16 tiles to `f32` instead, as on CPUs without them.
+    pub half_dot: bool,
+}
+
+impl Default for TiledConfig {
+    fn default() -> Self {
+        Self {
+            block_k: DEFAULT_BLOCK_K,
+            force_portable: false,
+            blocks_per_task: None,
+            half_dot: true,
+        }
+    }
+}

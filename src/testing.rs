@@ -1,0 +1,80 @@
+//! The kernels behind [`crate::scaled_dot_product_attention`], reachable for this repository's
+//! property tests, benchmarks and fuzzers: **not API**. Hidden from the documentation and
+//! outside any semver promise; every item may change or go in any release. Use
+//! [`crate::scaled_dot_product_attention`] and the layers built on it instead.
+//!
+//! The paths mirror the kernels: `sdpa::tiled` (the CPU tiled kernel and its knobs),
+//! `sdpa::few_queries` (the CPU split-over-keys kernel), `sdpa::blocked` (device-generic),
+//! `sdpa::naive` (the reference with weights and autograd); [`decompose`] splits a [`Mask`]
+//! into the [`MaskParts`] the fused kernels take.
+
+use crate::mask::{AttentionShape, Mask};
+use candle::Device;
+
+pub use crate::mask::MaskParts;
+
+/// `mask` split into its causal offset, per-key bias and general bias for `shape`, on `device`
+/// (validated against `shape`).
+pub fn decompose(mask: &Mask, shape: AttentionShape, device: &Device) -> candle::Result<MaskParts> {
+    mask.decompose(shape, device)
+}
+
+/// The attention kernels, one module each.
+pub mod sdpa {
+    /// The CPU tiled kernel (`src/sdpa/cpu/tiled.rs`).
+    pub mod tiled {
+        use crate::testing::MaskParts;
+        use candle::Tensor;
+
+        pub use crate::sdpa::cpu::tile::{TiledConfig, BQ};
+        pub use crate::sdpa::cpu::tiled::attention_with;
+
+        /// [`attention_with`] with the default [`TiledConfig`]: `q` `(B, H, L, D)`, `k`
+        /// `(B, Hkv, S, D)`, `v` `(B, Hkv, S, Dv)` → `(B, H, L, Dv)`.
+        pub fn attention(
+            q: &Tensor,
+            k: &Tensor,
+            v: &Tensor,
+            mask: &MaskParts,
+            scale: f64,
+        ) -> candle::Result<Tensor> {
+            attention_with(q, k, v, mask, scale, &TiledConfig::default())
+        }
+    }
+
+    /// The CPU few-queries (split-over-keys) kernel (`src/sdpa/cpu/few_queries.rs`).
+    pub mod few_queries {
+        use crate::testing::MaskParts;
+        use candle::Tensor;
+
+        pub use crate::sdpa::cpu::few_queries::{attention_with, MAX_QUERIES};
+        pub use crate::sdpa::cpu::tile::TiledConfig;
+
+        /// [`attention_with`] with the default [`TiledConfig`].
+        pub fn attention(
+            q: &Tensor,
+            k: &Tensor,
+            v: &Tensor,
+            mask: &MaskParts,
+            scale: f64,
+        ) -> candle::Result<Tensor> {
+            attention_with(q, k, v, mask, scale, &TiledConfig::default())
+        }
+    }
+
+    /// The device-generic blocked kernel (`src/sdpa/blocked.rs`).
+    pub mod blocked {
+        pub use crate::sdpa::blocked::{attention, attention_with, BlockedConfig};
+    }
+
+    /// The naive reference kernel (`src/sdpa/naive.rs`): weights and autograd.
+    pub mod naive {
+        pub use crate::sdpa::naive::attention;
+    }
+
+    /// FlashAttention-2 on CUDA (`src/sdpa/cuda/flash.rs`).
+    #[cfg(feature = "flash-attn")]
+    pub mod flash {
+        pub use crate::sdpa::cuda::flash::{attention, try_attention, unsupported_reason};
+    }
+}
