@@ -51,9 +51,9 @@
 // Every `unsafe` block says why it is sound (issue 6); CI runs clippy with -D warnings.
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
-pub mod decode;
 pub mod device;
 pub mod explain;
+pub mod generation;
 pub mod kv_cache;
 pub mod marian;
 mod mask;
@@ -68,7 +68,7 @@ pub mod transformer;
 pub mod translate;
 pub mod weights;
 
-pub use decode::{beam_search, greedy, Hypothesis, SearchConfig, StepDecoder};
+pub use generation::{GenerationConfig, StepDecoder};
 pub use device::device_from_name;
 pub use kv_cache::{CachedAttentionArgs, CrossAttentionCache, KvCache};
 pub use mask::{AttentionShape, Mask};

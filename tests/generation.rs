@@ -5,8 +5,8 @@
 //! and the `(B, T')` sequences must be identical, padding included.
 
 use candle::{Device, Result, Tensor};
-use candle_attention::decode::StepDecoder;
-use candle_attention::marian::generation::{generate_padded, EarlyStopping, GenerationConfig};
+use candle_attention::generation::StepDecoder;
+use candle_attention::generation::{generate_padded, EarlyStopping, GenerationConfig};
 use serde_json::Value;
 
 /// The fixture's model: next-token log-probabilities `LOG_PROBS[h]`, where `h` hashes the

@@ -124,7 +124,8 @@ fn positions_match_transformers_table() {
 /// penalties, early stopping, renormalisation), replayed with the same settings.
 #[test]
 fn generate_matches_transformers_token_for_token() {
-    use candle_attention::marian::{generate_padded, GenerationConfig, MarianConfig};
+    use candle_attention::generation::{generate_padded, GenerationConfig};
+    use candle_attention::marian::MarianConfig;
     let mut cases_run = 0;
     let mut mismatches = Vec::new();
     for dir in variants() {

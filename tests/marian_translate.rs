@@ -4,7 +4,8 @@
 //! `batch_decode(skip_special_tokens=True)`, for every recorded setting.
 
 use candle::Device;
-use candle_attention::marian::{GenerationConfig, MarianTranslator};
+use candle_attention::generation::GenerationConfig;
+use candle_attention::marian::MarianTranslator;
 use std::path::{Path, PathBuf};
 
 fn dir() -> PathBuf {

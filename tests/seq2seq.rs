@@ -250,12 +250,8 @@ fn search_follows_the_model() {
     for (row, hyp) in greedy.iter().enumerate() {
         let src_row = src.narrow(0, row, 1).unwrap();
         let mut prefix = vec![BOS];
-        for (i, &token) in hyp
-            .tokens
-            .iter()
-            .chain(hyp.finished.then_some(&EOS))
-            .enumerate()
-        {
+        // Every generated token, EOS included when the model produced it.
+        for (i, &token) in hyp.tokens[1..].iter().enumerate() {
             let tgt = Tensor::new(prefix.as_slice(), &Device::Cpu)
                 .unwrap()
                 .unsqueeze(0)
@@ -285,11 +281,9 @@ fn search_follows_the_model() {
     }
     let beam = model.generate(&src, 6, 4, 1.0).unwrap();
     for (row, hyp) in beam.iter().enumerate() {
-        let mut seq = vec![BOS];
-        seq.extend(&hyp.tokens);
-        if hyp.finished {
-            seq.push(EOS);
-        }
+        // BOS, the generated tokens and EOS when the model produced it.
+        let seq = hyp.tokens.clone();
+        assert_eq!(seq[0], BOS);
         let input = Tensor::new(&seq[..seq.len() - 1], &Device::Cpu)
             .unwrap()
             .unsqueeze(0)
@@ -312,7 +306,7 @@ fn search_follows_the_model() {
             })
             .sum();
         assert!(
-            (total as f64 - hyp.log_prob).abs() < 1e-4,
+            (total - hyp.log_prob).abs() < 1e-4,
             "row {row}: {total} vs {}",
             hyp.log_prob
         );

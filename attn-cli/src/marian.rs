@@ -3,7 +3,7 @@
 use crate::pool::on_rayon_pool;
 use anyhow::Context;
 use candle::{DType, Device, Tensor};
-use candle_attention::marian::generation::{generate_padded, GenerationConfig};
+use candle_attention::generation::{generate_padded, GenerationConfig};
 use candle_attention::marian::MarianMTModel;
 use candle_attention::torch_io::save_tensors;
 use candle_attention::TensorFile;

@@ -5,14 +5,12 @@
 //! (SentencePiece from `source.spm` / `target.spm` and `vocab.json`) in pure Rust.
 
 pub mod config;
-pub mod generation;
 pub mod model;
 pub mod tokenizer;
 pub mod translator;
 pub mod weights;
 
 pub use config::{MarianConfig, TokenIds};
-pub use generation::{generate, generate_padded, GenerationConfig};
 pub use model::{marian_positions, MarianDecodeState, MarianMTModel};
 pub use tokenizer::MarianTokenizer;
 pub use translator::MarianTranslator;

@@ -9,9 +9,9 @@
 //! final norm, `logits = h · Eᵀ + final_logits_bias`.
 
 use super::config::MarianConfig;
-use super::generation::log_softmax_in_place;
 use super::weights::{list_dir, MarianWeights};
-use crate::decode::StepDecoder;
+use crate::generation::StepDecoder;
+use crate::simd::rows::log_softmax_in_place;
 use crate::mask::Mask;
 use crate::projection::mapped::{mapped_matrix, with_mapped_weights, MappedMatrix};
 use crate::projection::Projection;

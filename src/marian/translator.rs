@@ -1,9 +1,9 @@
 //! Text in, text out with a MarianMT directory: [`MarianTokenizer`] → [`MarianMTModel`] →
-//! [`generate`](super::generation::generate()) → decode, exactly as the transformers pipeline
+//! [`generate`](crate::generation::generate()) → decode, exactly as the transformers pipeline
 //! `tokenizer(texts, padding=True)` → `model.generate(**batch)` →
 //! `tokenizer.batch_decode(out, skip_special_tokens=True)`.
 
-use super::generation::{generate, GenerationConfig};
+use crate::generation::{generate, GenerationConfig};
 use super::model::MarianMTModel;
 use super::tokenizer::MarianTokenizer;
 use crate::translate::translator::{Attention, TeacherForcing};

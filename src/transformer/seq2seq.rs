@@ -9,6 +9,7 @@ use super::encoder::EncoderMasks;
 use super::feed_forward::dropout;
 use super::model::Transformer;
 use super::trace::ModelTrace;
+use crate::generation::{generate_hypotheses, GenerationConfig, Hypothesis};
 use crate::mask::Mask;
 use candle::{DType, Module, Tensor};
 use candle_nn::{Linear, VarBuilder};
@@ -428,9 +429,9 @@ impl Seq2Seq {
     }
 }
 
-/// Search (greedy or beam, [`crate::decode`]) drives the model through the KV cache: each step
-/// feeds one token per row and returns the log-softmax of the next-token logits.
-impl crate::decode::StepDecoder for Seq2Seq {
+/// Generation ([`crate::generation`]) drives the model through the KV cache: each step feeds
+/// one token per row and returns the log-softmax of the next-token logits.
+impl crate::generation::StepDecoder for Seq2Seq {
     type State = DecodeState;
 
     fn step(&self, state: &mut DecodeState, tokens: &[u32]) -> candle::Result<Tensor> {
@@ -451,35 +452,47 @@ impl crate::decode::StepDecoder for Seq2Seq {
 }
 
 impl Seq2Seq {
+    /// The search rules of this model as a [`GenerationConfig`]: decoding starts from
+    /// `bos_id`, ends at `eos_id`, `pad_id` and `bos_id` are never generated (unless one of
+    /// them is the EOS id), at most `max_len` tokens (EOS included), `beam_size` beams (1:
+    /// greedy) ranked with `length_penalty`.
+    pub fn generation_config(
+        &self,
+        max_len: usize,
+        beam_size: usize,
+        length_penalty: f64,
+    ) -> GenerationConfig {
+        let c = &self.cfg;
+        GenerationConfig {
+            decoder_start_token_id: Some(c.bos_id),
+            eos_token_id: Some(vec![c.eos_id]),
+            pad_token_id: Some(c.pad_id),
+            bad_words_ids: Some(vec![vec![c.pad_id], vec![c.bos_id]]),
+            max_new_tokens: Some(max_len),
+            num_beams: Some(beam_size),
+            length_penalty: Some(length_penalty),
+            ..Default::default()
+        }
+    }
+
     /// Translates a batch of source id rows `(B, S)` (right-padded with `pad_id`): the best
-    /// hypothesis per row, greedy for `beam_size` 1 and beam search otherwise. The search's
-    /// special ids come from the model's config.
+    /// hypothesis per row under [`Seq2Seq::generation_config`], greedy for `beam_size` 1 and
+    /// beam search otherwise.
     pub fn generate(
         &self,
         src: &Tensor,
         max_len: usize,
         beam_size: usize,
         length_penalty: f64,
-    ) -> candle::Result<Vec<crate::decode::Hypothesis>> {
-        use crate::decode::{beam_search, greedy, SearchConfig};
+    ) -> candle::Result<Vec<Hypothesis>> {
         let batch = src.dim(0)?;
-        let search = SearchConfig {
-            max_len,
-            beam_size,
-            length_penalty,
-            ..SearchConfig::new(self.cfg.bos_id, self.cfg.eos_id, self.cfg.pad_id)
-        };
-        let mut state = self.start(src)?;
-        if beam_size == 1 {
-            return greedy(self, &mut state, batch, &search);
-        }
-        beam_search(self, state, batch, &search)?
+        let cfg = self.generation_config(max_len, beam_size, length_penalty);
+        generate_hypotheses(self, self.start(src)?, batch, &cfg)?
             .into_iter()
-            .map(|mut hyps| {
-                if hyps.is_empty() {
-                    candle::bail!("beam search returned no hypothesis")
-                }
-                Ok(hyps.swap_remove(0))
+            .map(|hyps| {
+                hyps.into_iter()
+                    .next()
+                    .ok_or_else(|| candle::Error::Msg("generation returned no hypothesis".into()))
             })
             .collect()
     }

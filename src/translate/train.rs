@@ -569,7 +569,7 @@ pub fn evaluate(
         let (src, _, _) = batch_tensors(&examples, &idx, device)?;
         let hyps = model.generate(&src, 40, 1, 1.0)?;
         for (&n, hyp) in chunk.iter().zip(&hyps) {
-            if de.decode(&hyp.tokens).ok().as_deref() == Some(german(n)?.as_str()) {
+            if de.decode(hyp.generated()).ok().as_deref() == Some(german(n)?.as_str()) {
                 correct += 1;
             }
         }

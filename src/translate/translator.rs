@@ -195,12 +195,12 @@ impl Translator {
         Ok(hyps
             .into_iter()
             .map(|h| {
-                if !h.finished {
+                if !h.ended_with_eos {
                     candle::bail!(
                         "the model did not finish a translation within {MAX_OUTPUT_TOKENS} tokens"
                     )
                 }
-                self.german.decode(&h.tokens)
+                self.german.decode(h.generated())
             })
             .collect())
     }
@@ -220,9 +220,9 @@ impl Translator {
             .generate(&src, MAX_OUTPUT_TOKENS, beam, 1.0)?
             .remove(0);
         let mut tgt_ids = vec![BOS];
-        tgt_ids.extend(&hyp.tokens);
-        let mut output: Vec<String> = hyp.tokens.iter().map(|&id| self.german_token(id)).collect();
-        if hyp.finished {
+        tgt_ids.extend(hyp.generated());
+        let mut output: Vec<String> = hyp.generated().iter().map(|&id| self.german_token(id)).collect();
+        if hyp.ended_with_eos {
             output.push("</s>".to_string());
         } else {
             tgt_ids.pop();
@@ -255,13 +255,13 @@ impl Translator {
             .model
             .generate(&src, MAX_OUTPUT_TOKENS, 1, 1.0)?
             .remove(0);
-        if !hyp.finished {
+        if !hyp.ended_with_eos {
             candle::bail!(
                 "the model did not finish a translation of {text:?} within {MAX_OUTPUT_TOKENS} tokens"
             )
         }
         let mut decoder_ids = vec![self.model.config().bos_id];
-        decoder_ids.extend(&hyp.tokens);
+        decoder_ids.extend(hyp.generated());
         Ok(TeacherForcing {
             source_tokens: self.english.tokens(text)?,
             source_ids,
@@ -270,7 +270,7 @@ impl Translator {
                 .map(|&id| self.german_token(id))
                 .collect(),
             decoder_ids,
-            translation: self.german.decode(&hyp.tokens)?,
+            translation: self.german.decode(hyp.generated())?,
         })
     }
 

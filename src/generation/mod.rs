@@ -1,7 +1,15 @@
-//! Generation that reproduces `transformers`' `generate()` (version 5.24) token for token:
-//! greedy search (`num_beams=1`) and beam search (`num_beams>1`) for an encoder-decoder model
-//! decoded through [`StepDecoder`], configured by a [`GenerationConfig`] loaded the way
-//! `transformers` loads `generation_config.json` / `config.json`.
+//! Generation for encoder-decoder models, one engine for every model: greedy search and beam
+//! search as `transformers`' `generate()` (version 5.24) does them, token for token, over any
+//! model that implements [`StepDecoder`], configured by a [`GenerationConfig`] loaded the way
+//! `transformers` loads `generation_config.json` / `config.json` (or built in code, as the
+//! number translator of the `attn` command builds its rules).
+//!
+//! A model implements [`StepDecoder`]: it is fed one token per *row* (a hypothesis being
+//! extended) and answers `(rows, vocab)` next-token log-probabilities;
+//! [`StepDecoder::reorder`] rebuilds its per-row state (KV caches, encoder memory) when rows
+//! are expanded to beams, reordered or dropped. Then [`generate`] (sequences, as
+//! `generate()`'s output tensor holds them), [`generate_hypotheses`] (with their scores, as
+//! `output_scores=True` gives them) and [`generate_padded`] drive it.
 //!
 //! What is reproduced, and how `transformers` counts:
 //!
@@ -20,13 +28,13 @@
 //!   where `generated_len` excludes the start token and includes EOS, the `early_stopping`
 //!   heuristics, `f32` arithmetic as torch does it).
 //!
-//! The searches work on the host in `f32`; the state is reordered only when rows change, and
-//! finished rows (greedy) or settled batch items (beam search) are dropped from it.
+//! The searches work on the host in `f32`; the state is reordered only when rows change
+//! (never with the identity), and finished rows (greedy) or settled batch items (beam search)
+//! are dropped from it, so a batch of sentences of different lengths does no wasted work.
 //!
 //! ```
 //! use candle::{Device, Result, Tensor};
-//! use candle_attention::decode::StepDecoder;
-//! use candle_attention::marian::generation::{generate_padded, GenerationConfig};
+//! use candle_attention::generation::{generate_padded, GenerationConfig, StepDecoder};
 //!
 //! /// A bigram model: the next token depends only on the token fed.
 //! struct Bigram(Vec<Vec<f32>>);
@@ -62,45 +70,38 @@ mod beam;
 mod config;
 mod greedy;
 mod processors;
-
-pub(crate) use processors::log_softmax_in_place;
+mod step;
 
 pub use config::{EarlyStopping, GenerationConfig};
+pub use step::StepDecoder;
 
-use crate::decode::{step_to_host, StepDecoder};
 use candle::Result;
-use config::Resolved;
 
-/// One step's log-probabilities copied to the host as `f32`, `rows * vocab` values.
-pub(crate) struct HostStep {
-    data: Vec<f32>,
-    rows: usize,
-    vocab: usize,
+/// One generated sequence and its scores, as `generate(..., output_scores=True,
+/// return_dict_in_generate=True)` gives them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Hypothesis {
+    /// The sequence as `generate()` returns it: the decoder start token first, then the
+    /// generated tokens, EOS included when the model produced it; unpadded.
+    pub tokens: Vec<u32>,
+    /// The sum of the (processed) log-probabilities of the generated tokens, accumulated in
+    /// `f32` as `transformers` does: the sequence's log-probability.
+    pub log_prob: f32,
+    /// `log_prob / generated_len ^ length_penalty` (`generated_len` counts the generated
+    /// tokens, EOS included, not the start token): what beam search ranks finished
+    /// hypotheses by, `transformers`' `sequences_scores`. Greedy search reports the same
+    /// formula.
+    pub score: f32,
+    /// Whether the sequence ends with an EOS id (false when it was cut at `max_length`).
+    pub ended_with_eos: bool,
 }
 
-impl HostStep {
-    fn row(&self, row: usize) -> &[f32] {
-        &self.data[row * self.vocab..(row + 1) * self.vocab]
+impl Hypothesis {
+    /// The generated tokens: without the start token and without a final EOS.
+    pub fn generated(&self) -> &[u32] {
+        let end = self.tokens.len() - usize::from(self.ended_with_eos);
+        &self.tokens[1.min(end)..end]
     }
-}
-
-/// Feeds `tokens` (one per row) and checks the answer: `(rows, vocab)`, the same vocabulary
-/// at every step, the configured ids inside it (checked at the first step).
-fn fetch_step<M: StepDecoder>(
-    model: &M,
-    state: &mut M::State,
-    tokens: &[u32],
-    vocab: &mut Option<usize>,
-    cfg: &Resolved,
-) -> Result<HostStep> {
-    let out = model.step(state, tokens)?;
-    let rows = tokens.len();
-    let (data, v) = step_to_host(&out, rows, vocab, |v| cfg.check_vocab(v))?;
-    Ok(HostStep {
-        data,
-        rows,
-        vocab: v,
-    })
 }
 
 /// Generates like `transformers`' `model.generate(input_ids, attention_mask, ...)` with the
@@ -119,10 +120,26 @@ fn fetch_step<M: StepDecoder>(
 /// the model.
 pub fn generate<M: StepDecoder>(
     model: &M,
-    mut state: M::State,
+    state: M::State,
     batch: usize,
     cfg: &GenerationConfig,
 ) -> Result<Vec<Vec<u32>>> {
+    Ok(generate_hypotheses(model, state, batch, cfg)?
+        .into_iter()
+        .flatten()
+        .map(|h| h.tokens)
+        .collect())
+}
+
+/// [`generate`] with the scores: for each of the `batch` items, its `num_return_sequences`
+/// hypotheses, best first (beam search: by [`Hypothesis::score`], as `transformers` returns
+/// them; greedy search: the one sequence).
+pub fn generate_hypotheses<M: StepDecoder>(
+    model: &M,
+    mut state: M::State,
+    batch: usize,
+    cfg: &GenerationConfig,
+) -> Result<Vec<Vec<Hypothesis>>> {
     let resolved = cfg.resolve()?;
     if batch == 0 {
         return Ok(Vec::new());
@@ -132,6 +149,11 @@ pub fn generate<M: StepDecoder>(
     } else {
         beam::beam_search(model, &mut state, batch, &resolved)
     }
+}
+
+/// `x / (len ** p)` as torch does it: the power in `f64` (Python), the division in `f32`.
+pub(crate) fn length_normalize(x: f32, len: usize, p: f64) -> f32 {
+    x / (len as f64).powf(p) as f32
 }
 
 /// [`generate`] followed by [`pad_sequences`] with the padding `generate()` uses: returns the

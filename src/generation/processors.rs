@@ -86,7 +86,7 @@ fn bad_words(words: &[Vec<u32>], prefix: &[u32], scores: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::marian::generation::GenerationConfig;
+    use crate::generation::GenerationConfig;
 
     const NINF: f32 = f32::NEG_INFINITY;
 

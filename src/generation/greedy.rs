@@ -1,23 +1,23 @@
 //! Greedy search as `transformers`' `_sample` with `do_sample=False`.
 
 use super::config::Resolved;
-use super::fetch_step;
 use super::processors::process;
-use crate::decode::reorder_unless_identity;
-use crate::decode::StepDecoder;
+use super::step::{fetch_step, reorder_unless_identity, StepDecoder};
+use super::{length_normalize, Hypothesis};
 /// `torch.argmax`: the first maximum, NaN above everything ([`crate::simd::rows::argmax`]).
 use crate::simd::rows::argmax;
 use candle::Result;
 
 /// Runs greedy search; returns each item's sequence (start token first, EOS included when
-/// generated), unpadded.
+/// generated, unpadded) with its summed log-probability, one hypothesis per item.
 pub(crate) fn greedy<M: StepDecoder>(
     model: &M,
     state: &mut M::State,
     batch: usize,
     cfg: &Resolved,
-) -> Result<Vec<Vec<u32>>> {
+) -> Result<Vec<Vec<Hypothesis>>> {
     let mut seqs: Vec<Vec<u32>> = vec![vec![cfg.start]; batch];
+    let mut sums = vec![0f32; batch];
     // `active[row]`: the batch item of each row of the state. Rows that emitted EOS are
     // dropped; transformers keeps feeding them padding, which changes nothing else.
     let mut active: Vec<usize> = (0..batch).collect();
@@ -31,6 +31,7 @@ pub(crate) fn greedy<M: StepDecoder>(
             let mut scores = step.row(row).to_vec();
             process(cfg, &seqs[item], &mut scores);
             let token = argmax(&scores) as u32;
+            sums[item] += scores[token as usize];
             seqs[item].push(token);
             if !cfg.eos.contains(&token) {
                 keep.push(row as u32);
@@ -47,5 +48,18 @@ pub(crate) fn greedy<M: StepDecoder>(
             }
         }
     }
-    Ok(seqs)
+    Ok(seqs
+        .into_iter()
+        .zip(sums)
+        .map(|(tokens, log_prob)| {
+            let ended_with_eos = tokens.len() > 1 && cfg.eos.contains(tokens.last().unwrap());
+            let score = length_normalize(log_prob, tokens.len() - 1, cfg.length_penalty);
+            vec![Hypothesis {
+                tokens,
+                log_prob,
+                score,
+                ended_with_eos,
+            }]
+        })
+        .collect())
 }

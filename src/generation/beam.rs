@@ -33,10 +33,9 @@
 //! finished hypothesis with a real score above `-1e8`) are dropped from the model state.
 
 use super::config::{EarlyStopping, Resolved};
-use super::fetch_step;
 use super::processors::process;
-use crate::decode::reorder_unless_identity;
-use crate::decode::StepDecoder;
+use super::step::{fetch_step, reorder_unless_identity, StepDecoder};
+use super::{length_normalize, Hypothesis};
 use candle::Result;
 use rayon::prelude::*;
 
@@ -47,7 +46,10 @@ const NEG_LARGE: f32 = -1.0e9;
 #[derive(Clone, Debug)]
 struct Slot {
     seq: Vec<u32>,
+    /// The length-normalised score the slots are ranked by (`-1e9` adjustments included).
     score: f32,
+    /// The sequence's summed log-probability (the candidate's running score).
+    sum: f32,
     finished: bool,
 }
 
@@ -115,11 +117,6 @@ pub(crate) fn top_k(values: &[f32], k: usize) -> Vec<usize> {
     best.into_iter().map(|(_, i)| i).collect()
 }
 
-/// `x / (len ** p)` as torch does it: the power in `f64` (Python), the division in `f32`.
-fn length_normalize(x: f32, len: usize, p: f64) -> f32 {
-    x / (len as f64).powf(p) as f32
-}
-
 /// `torch.topk` needs at least `k` candidates.
 fn check_candidates(num_beams: usize, vocab: usize, k: usize) -> Result<()> {
     if num_beams * vocab < k {
@@ -131,14 +128,14 @@ fn check_candidates(num_beams: usize, vocab: usize, k: usize) -> Result<()> {
     Ok(())
 }
 
-/// Runs beam search; returns `num_return_sequences` sequences per item (item-major), start
+/// Runs beam search; returns `num_return_sequences` hypotheses per item, best first, start
 /// token first, unpadded.
 pub(crate) fn beam_search<M: StepDecoder>(
     model: &M,
     state: &mut M::State,
     batch: usize,
     cfg: &Resolved,
-) -> Result<Vec<Vec<u32>>> {
+) -> Result<Vec<Vec<Hypothesis>>> {
     let nb = cfg.num_beams;
     let keep = 2.max(1 + cfg.eos.len()) * nb;
     let early = cfg.early_stopping;
@@ -154,6 +151,7 @@ pub(crate) fn beam_search<M: StepDecoder>(
                 Slot {
                     seq: vec![cfg.start],
                     score: NEG_LARGE,
+                    sum: NEG_LARGE,
                     finished: false,
                 };
                 nb
@@ -216,7 +214,18 @@ pub(crate) fn beam_search<M: StepDecoder>(
     }
     Ok(items
         .into_iter()
-        .flat_map(|it| it.slots.into_iter().take(cfg.num_return).map(|s| s.seq))
+        .map(|it| {
+            it.slots
+                .into_iter()
+                .take(cfg.num_return)
+                .map(|s| Hypothesis {
+                    ended_with_eos: s.seq.len() > 1 && cfg.eos.contains(s.seq.last().unwrap()),
+                    tokens: s.seq,
+                    log_prob: s.sum,
+                    score: s.score,
+                })
+                .collect()
+        })
         .collect())
 }
 
@@ -272,6 +281,7 @@ fn step_item(item: &mut Item, acc: &[f32], v: usize, keep: usize, cur_len: usize
                 Slot {
                     seq: seq_of(&cands[j]),
                     score: merged[m],
+                    sum: cands[j].score,
                     finished: cands[j].hits && j < nb,
                 }
             }
