@@ -68,8 +68,8 @@ pub mod transformer;
 pub mod translate;
 pub mod weights;
 
-pub use generation::{GenerationConfig, StepDecoder};
 pub use device::device_from_name;
+pub use generation::{GenerationConfig, StepDecoder};
 pub use kv_cache::{CachedAttentionArgs, CrossAttentionCache, KvCache};
 pub use mask::{AttentionShape, Mask};
 pub use mha::{AttentionArgs, MultiHeadAttention, MultiHeadAttentionConfig};

@@ -9,7 +9,7 @@
 use crate::mask::{AttentionShape, Mask};
 use crate::projection::Projection;
 use crate::sdpa::{scaled_dot_product_attention, AttentionOutput, SdpaArgs};
-use crate::weights::{MhaLayout, MhaWeightsInfo};
+use crate::weights::{MhaLayout, MhaWeightsInfo, WeightMatrix, WeightSource};
 use candle::{DType, Module, ModuleT, Tensor};
 use candle_nn::{Init, VarBuilder};
 
@@ -200,6 +200,19 @@ impl Default for AttentionArgs<'_> {
     }
 }
 
+/// The input projections of a [`MultiHeadAttention`] as built: Q, K and V fused into one
+/// `(E + 2 kv, E)` projection, or three.
+enum InputProjections {
+    Fused(Projection),
+    Separate([Projection; 3]),
+}
+
+impl From<Projection> for InputProjections {
+    fn from(qkv: Projection) -> Self {
+        Self::Fused(qkv)
+    }
+}
+
 /// Multi-head attention, a [`candle::Module`] (self-attention, no mask) with
 /// [`MultiHeadAttention::attend`] for the full query/key/value call.
 #[derive(Clone, Debug)]
@@ -231,9 +244,59 @@ impl MultiHeadAttention {
     /// each missing one of `q_proj.bias`, `k_proj.bias`, `v_proj.bias`, `out_proj.bias` is a
     /// zero bias (Whisper's attention has no `k_proj.bias`).
     pub fn load(cfg: MultiHeadAttentionConfig, vb: VarBuilder) -> candle::Result<Self> {
+        Self::from_source(cfg, &WeightSource::load(vb))
+    }
+
+    /// Fresh weights for training, initialised as torch does: xavier-uniform input projections,
+    /// zero biases, `out_proj.weight` uniform in `±1/sqrt(E)`, xavier-normal `bias_k`/`bias_v`.
+    /// Tensors are named in torch's layout (fused unless `kdim`/`vdim` differ from
+    /// `embed_dim`), so a trained `VarMap` saves as a torch state dict. With grouped-query
+    /// attention (`num_kv_heads < num_heads`, which torch's module lacks) they are named in
+    /// the Hugging Face layout, `k_proj.weight` `(num_kv_heads * head_dim, kdim)` and so on.
+    /// With a `VarBuilder` over a `VarMap` the tensors become trainable variables.
+    pub fn new(cfg: MultiHeadAttentionConfig, vb: VarBuilder) -> candle::Result<Self> {
+        Self::from_source(cfg, &WeightSource::init(vb))
+    }
+
+    /// The one construction path: the projections from `source` (under its prefix). A source
+    /// that loads ([`WeightSource::load`], [`WeightSource::in_place`]) behaves as
+    /// [`MultiHeadAttention::load`]: the layout is detected and the weights checked against
+    /// `cfg`; one that creates ([`WeightSource::init`]) as [`MultiHeadAttention::new`].
+    ///
+    /// Shapes: the query projection is `(E, E)`, the key and value projections
+    /// `(kv, kdim)` and `(kv, vdim)` with `kv = num_kv_heads * head_dim` (`E` without
+    /// grouped-query attention); torch's fused `in_proj_weight` is `(E + 2 kv, E)` and
+    /// `in_proj_bias` `(E + 2 kv)`. Q, K and V share one fused projection (self-attention
+    /// projects its input once) when they come as one tensor, or as constant tensors that can
+    /// be concatenated; weights read in place from a mapped file stay three projections.
+    pub fn from_source(
+        cfg: MultiHeadAttentionConfig,
+        source: &WeightSource,
+    ) -> candle::Result<Self> {
         cfg.validate()?;
-        let prefix = vb.prefix();
-        let layout = MhaLayout::detect(|n| vb.contains_tensor(n)).ok_or_else(|| {
+        let layout = if source.creates() {
+            if cfg.num_kv_heads != cfg.num_heads {
+                MhaLayout::HuggingFace
+            } else if cfg.kdim == cfg.embed_dim && cfg.vdim == cfg.embed_dim {
+                MhaLayout::TorchFused
+            } else {
+                MhaLayout::TorchSeparate
+            }
+        } else {
+            Self::detect_layout(&cfg, source)?
+        };
+        Self::build(cfg, layout, source)
+    }
+
+    /// The name layout of the stored weights under `source`'s prefix, checked against `cfg`'s
+    /// biases and `bias_k`/`bias_v`.
+    fn detect_layout(
+        cfg: &MultiHeadAttentionConfig,
+        source: &WeightSource,
+    ) -> candle::Result<MhaLayout> {
+        let prefix = source.prefix();
+        let vb = source.var_builder();
+        let layout = MhaLayout::detect(|n| source.contains(n)).ok_or_else(|| {
             // Ask the backend for the tensor anyway: ours lists what exists under the prefix.
             let detail = match vb.get_unchecked("in_proj_weight") {
                 Err(e) => e.to_string(),
@@ -253,7 +316,7 @@ impl MultiHeadAttention {
         let present: Vec<&str> = bias_names
             .iter()
             .copied()
-            .filter(|n| vb.contains_tensor(n))
+            .filter(|n| source.contains(n))
             .collect();
         if present.is_empty() == cfg.bias {
             let what = if present.is_empty() {
@@ -266,7 +329,7 @@ impl MultiHeadAttention {
                 cfg.bias
             )
         }
-        let present_bias_kv = vb.contains_tensor("bias_k") || vb.contains_tensor("bias_v");
+        let present_bias_kv = source.contains("bias_k") || source.contains("bias_v");
         if present_bias_kv != cfg.add_bias_kv {
             candle::bail!(
                 "weights under '{prefix}' {} bias_k/bias_v but the config says add_bias_kv = {}",
@@ -274,46 +337,15 @@ impl MultiHeadAttention {
                 cfg.add_bias_kv
             )
         }
-        Self::build(cfg, layout, vb, false)
+        Ok(layout)
     }
 
-    /// Fresh weights for training, initialised as torch does: xavier-uniform input projections,
-    /// zero biases, `out_proj.weight` uniform in `±1/sqrt(E)`, xavier-normal `bias_k`/`bias_v`.
-    /// Tensors are named in torch's layout (fused unless `kdim`/`vdim` differ from
-    /// `embed_dim`), so a trained `VarMap` saves as a torch state dict. With grouped-query
-    /// attention (`num_kv_heads < num_heads`, which torch's module lacks) they are named in
-    /// the Hugging Face layout, `k_proj.weight` `(num_kv_heads * head_dim, kdim)` and so on.
-    /// With a `VarBuilder` over a `VarMap` the tensors become trainable variables.
-    pub fn new(cfg: MultiHeadAttentionConfig, vb: VarBuilder) -> candle::Result<Self> {
-        cfg.validate()?;
-        let layout = if cfg.num_kv_heads != cfg.num_heads {
-            MhaLayout::HuggingFace
-        } else if cfg.kdim == cfg.embed_dim && cfg.vdim == cfg.embed_dim {
-            MhaLayout::TorchFused
-        } else {
-            MhaLayout::TorchSeparate
-        };
-        Self::build(cfg, layout, vb, true)
-    }
-
-    /// Reads every tensor of `layout` from `vb`; when `fresh`, passes torch's initialisation as
-    /// hints so that a `VarMap`-backed builder creates them.
-    ///
-    /// Shapes: the query projection is `(E, E)`, the key and value projections
-    /// `(kv, kdim)` and `(kv, vdim)` with `kv = num_kv_heads * head_dim` (`E` without
-    /// grouped-query attention); torch's fused `in_proj_weight` is `(E + 2 kv, E)` and
-    /// `in_proj_bias` `(E + 2 kv)`.
+    /// Reads (or creates) every tensor of `layout` from `src`.
     fn build(
         cfg: MultiHeadAttentionConfig,
         layout: MhaLayout,
-        vb: VarBuilder,
-        fresh: bool,
+        src: &WeightSource,
     ) -> candle::Result<Self> {
-        if !fresh {
-            if let Some(mha) = Self::build_mapped(&cfg, layout, &vb)? {
-                return Ok(mha);
-            }
-        }
         let e = cfg.embed_dim;
         let kv = cfg.kv_dim();
         let xavier = |fan_out: usize, fan_in: usize| {
@@ -334,63 +366,19 @@ impl MultiHeadAttention {
                 cfg.head_dim()
             ))
         };
-        let get = |shape: (usize, usize), name: &str, hint: Init| -> candle::Result<Tensor> {
-            if fresh {
-                vb.get_with_hints(shape, name, hint)
-            } else {
-                vb.get(shape, name)
-            }
-        };
-        let get_vec = |len: usize, name: &str| -> candle::Result<Tensor> {
-            if fresh {
-                vb.get_with_hints(len, name, Init::Const(0.0))
-            } else {
-                vb.get(len, name)
-            }
-        };
+        let zeros = Init::Const(0.0);
         let fused_rows = e + 2 * kv;
-        // The input projections, with the fused (E + 2kv, E) weight and bias when there is one.
-        let (q_w, k_w, v_w, fused_w) = match layout {
-            MhaLayout::TorchFused => {
-                if cfg.kdim != e || cfg.vdim != e {
-                    candle::bail!(
-                        "fused in_proj_weight under '{}' needs kdim = vdim = embed_dim = {e}, config has kdim {} and vdim {}",
-                        vb.prefix(),
-                        cfg.kdim,
-                        cfg.vdim
-                    )
-                }
-                let w = get((fused_rows, e), "in_proj_weight", xavier(fused_rows, e))
-                    .map_err(kv_context)?;
-                (
-                    w.narrow(0, 0, e)?,
-                    w.narrow(0, e, kv)?,
-                    w.narrow(0, e + kv, kv)?,
-                    Some(w),
-                )
-            }
-            MhaLayout::TorchSeparate => (
-                get((e, e), "q_proj_weight", xavier(e, e))?,
-                get((kv, cfg.kdim), "k_proj_weight", xavier(kv, cfg.kdim)).map_err(kv_context)?,
-                get((kv, cfg.vdim), "v_proj_weight", xavier(kv, cfg.vdim)).map_err(kv_context)?,
-                None,
-            ),
-            MhaLayout::HuggingFace => (
-                get((e, e), "q_proj.weight", xavier(e, e))?,
-                get((kv, cfg.kdim), "k_proj.weight", xavier(kv, cfg.kdim)).map_err(kv_context)?,
-                get((kv, cfg.vdim), "v_proj.weight", xavier(kv, cfg.vdim)).map_err(kv_context)?,
-                None,
-            ),
-        };
         // Hugging Face layouts may carry some biases only (Whisper: no `k_proj.bias`); a
-        // missing one is a zero bias. `load` has checked that at least one is there.
-        let has_bias = |name: &str| cfg.bias && (fresh || vb.contains_tensor(name));
+        // missing one is a zero bias. `detect_layout` has checked that at least one is there.
+        let has_bias = |name: &str| cfg.bias && (src.creates() || src.contains(name));
         let (q_b, k_b, v_b, fused_b) = if !cfg.bias {
             (None, None, None, None)
         } else {
             match layout {
                 MhaLayout::TorchFused | MhaLayout::TorchSeparate => {
-                    let b = get_vec(fused_rows, "in_proj_bias").map_err(kv_context)?;
+                    let b = src
+                        .tensor(fused_rows, "in_proj_bias", zeros)
+                        .map_err(kv_context)?;
                     (
                         Some(b.narrow(0, 0, e)?),
                         Some(b.narrow(0, e, kv)?),
@@ -400,7 +388,9 @@ impl MultiHeadAttention {
                 }
                 MhaLayout::HuggingFace => {
                     let opt = |len: usize, name: &str| -> candle::Result<Option<Tensor>> {
-                        has_bias(name).then(|| get_vec(len, name)).transpose()
+                        has_bias(name)
+                            .then(|| src.tensor(len, name, zeros))
+                            .transpose()
                     };
                     (
                         opt(e, "q_proj.bias")?,
@@ -411,54 +401,84 @@ impl MultiHeadAttention {
                 }
             }
         };
-        let same_inputs = cfg.kdim == e && cfg.vdim == e;
+        // The three input projections: one fused `(E + 2kv, E)` weight, or three.
+        let [q_name, k_name, v_name] = match layout {
+            MhaLayout::TorchFused => {
+                if cfg.kdim != e || cfg.vdim != e {
+                    candle::bail!(
+                        "fused in_proj_weight under '{}' needs kdim = vdim = embed_dim = {e}, config has kdim {} and vdim {}",
+                        src.prefix(),
+                        cfg.kdim,
+                        cfg.vdim
+                    )
+                }
+                let w = src
+                    .matrix((fused_rows, e), "in_proj_weight", xavier(fused_rows, e))
+                    .map_err(kv_context)?;
+                let qkv = Projection::from_matrix(w, fused_b)?;
+                return Self::assemble(cfg, layout, qkv.into(), src);
+            }
+            MhaLayout::TorchSeparate => ["q_proj_weight", "k_proj_weight", "v_proj_weight"],
+            MhaLayout::HuggingFace => ["q_proj.weight", "k_proj.weight", "v_proj.weight"],
+        };
+        let q_w = src.matrix((e, e), q_name, xavier(e, e))?;
+        let k_w = src
+            .matrix((kv, cfg.kdim), k_name, xavier(kv, cfg.kdim))
+            .map_err(kv_context)?;
+        let v_w = src
+            .matrix((kv, cfg.vdim), v_name, xavier(kv, cfg.vdim))
+            .map_err(kv_context)?;
         // Separate tensors are concatenated into one fused weight only when they are
-        // constants: a copy of a `Var` would not see its training updates.
-        let constants = [&q_w, &k_w, &v_w]
-            .into_iter()
-            .chain([&q_b, &k_b, &v_b].into_iter().flatten())
-            .all(|t| !t.track_op());
-        let fused = match (fused_w, fused_b) {
-            (Some(w), b) if same_inputs && (b.is_some() || !cfg.bias) => Some((w, b)),
-            _ if same_inputs && constants => {
+        // constants of the same inputs: a copy of a `Var` would not see its training updates,
+        // and weights read in place from a mapped file lie apart.
+        let fused = match (&q_w, &k_w, &v_w) {
+            (WeightMatrix::Tensor(q), WeightMatrix::Tensor(k), WeightMatrix::Tensor(v))
+                if cfg.kdim == e
+                    && cfg.vdim == e
+                    && [q, k, v]
+                        .into_iter()
+                        .chain([&q_b, &k_b, &v_b].into_iter().flatten())
+                        .all(|t| !t.track_op()) =>
+            {
                 let bias = if [&q_b, &k_b, &v_b].iter().all(|b| b.is_none()) {
                     None
                 } else {
                     // A missing bias of a partial set is zeros in the fused one.
                     let part = |b: &Option<Tensor>, len: usize| match b {
                         Some(b) => Ok(b.clone()),
-                        None => Tensor::zeros(len, q_w.dtype(), q_w.device()),
+                        None => Tensor::zeros(len, q.dtype(), q.device()),
                     };
                     Some(Tensor::cat(
                         &[&part(&q_b, e)?, &part(&k_b, kv)?, &part(&v_b, kv)?],
                         0,
                     )?)
                 };
-                Some((Tensor::cat(&[&q_w, &k_w, &v_w], 0)?, bias))
+                Some(Projection::new(&Tensor::cat(&[q, k, v], 0)?, bias)?)
             }
             _ => None,
         };
-        let (q_proj, k_proj, v_proj, qkv_proj, kv_proj) = match fused {
-            Some((w, b)) => {
-                let qkv = Projection::new(&w, b)?;
-                (
-                    qkv.narrow_outputs(0, e)?,
-                    qkv.narrow_outputs(e, kv)?,
-                    qkv.narrow_outputs(e + kv, kv)?,
-                    Some(qkv.clone()),
-                    Some(qkv.narrow_outputs(e, 2 * kv)?),
-                )
-            }
-            None => (
-                Projection::new(&q_w, q_b)?,
-                Projection::new(&k_w, k_b)?,
-                Projection::new(&v_w, v_b)?,
-                None,
-                None,
-            ),
+        let inputs = match fused {
+            Some(qkv) => InputProjections::Fused(qkv),
+            None => InputProjections::Separate([
+                Projection::from_matrix(q_w, q_b)?,
+                Projection::from_matrix(k_w, k_b)?,
+                Projection::from_matrix(v_w, v_b)?,
+            ]),
         };
+        Self::assemble(cfg, layout, inputs, src)
+    }
+
+    /// The output projection and `bias_k`/`bias_v` from `src`, around the input projections.
+    fn assemble(
+        cfg: MultiHeadAttentionConfig,
+        layout: MhaLayout,
+        inputs: InputProjections,
+        src: &WeightSource,
+    ) -> candle::Result<Self> {
+        let e = cfg.embed_dim;
+        let kv = cfg.kv_dim();
         let out_bound = 1.0 / (e as f64).sqrt();
-        let out_w = get(
+        let out_w = src.matrix(
             (e, e),
             "out_proj.weight",
             Init::Uniform {
@@ -467,113 +487,44 @@ impl MultiHeadAttention {
             },
         )?;
         let out_b = match layout {
-            MhaLayout::HuggingFace => has_bias("out_proj.bias"),
+            MhaLayout::HuggingFace => cfg.bias && (src.creates() || src.contains("out_proj.bias")),
             MhaLayout::TorchFused | MhaLayout::TorchSeparate => cfg.bias,
         }
-        .then(|| get_vec(e, "out_proj.bias"))
+        .then(|| src.tensor(e, "out_proj.bias", Init::Const(0.0)))
         .transpose()?;
         let bias_kv = if cfg.add_bias_kv {
             let hint = Init::Randn {
                 mean: 0.0,
                 stdev: out_bound,
             };
-            let get3 = |name: &str| -> candle::Result<Tensor> {
-                if fresh {
-                    vb.get_with_hints((1, 1, e), name, hint)
-                } else {
-                    vb.get((1, 1, e), name)
-                }
-            };
-            Some((get3("bias_k")?, get3("bias_v")?))
+            Some((
+                src.tensor((1, 1, e), "bias_k", hint)?,
+                src.tensor((1, 1, e), "bias_v", hint)?,
+            ))
         } else {
             None
+        };
+        let (q_proj, k_proj, v_proj, qkv_proj, kv_proj) = match inputs {
+            InputProjections::Fused(qkv) => (
+                qkv.narrow_outputs(0, e)?,
+                qkv.narrow_outputs(e, kv)?,
+                qkv.narrow_outputs(e + kv, kv)?,
+                Some(qkv.clone()),
+                Some(qkv.narrow_outputs(e, 2 * kv)?),
+            ),
+            InputProjections::Separate([q, k, v]) => (q, k, v, None, None),
         };
         Ok(Self {
             q_proj,
             k_proj,
             v_proj,
-            out_proj: Projection::new(&out_w, out_b)?,
+            out_proj: Projection::from_matrix(out_w, out_b)?,
             qkv_proj,
             kv_proj,
             bias_kv,
             layout,
             cfg,
         })
-    }
-
-    /// Inside [`crate::projection::mapped::with_mapped_weights`]: the projection weights stay
-    /// in the mapped file (biases are read as usual). `None` when a weight is not available
-    /// that way (then [`MultiHeadAttention::build`] loads everything through `vb`).
-    fn build_mapped(
-        cfg: &MultiHeadAttentionConfig,
-        layout: MhaLayout,
-        vb: &VarBuilder,
-    ) -> candle::Result<Option<Self>> {
-        use crate::projection::mapped::mapped_matrix;
-        let e = cfg.embed_dim;
-        let prefix = vb.prefix();
-        let full = |n: &str| crate::weights::join_name(&prefix, n);
-        if cfg.add_bias_kv || cfg.num_kv_heads != cfg.num_heads {
-            return Ok(None);
-        }
-        let Some(out_w) = mapped_matrix(&full("out_proj.weight"), e, e) else {
-            return Ok(None);
-        };
-        let bias = |len: usize, name: &str| cfg.bias.then(|| vb.get(len, name)).transpose();
-        let (q_proj, k_proj, v_proj, qkv_proj, kv_proj) = match layout {
-            MhaLayout::TorchFused => {
-                let Some(w) = mapped_matrix(&full("in_proj_weight"), 3 * e, e) else {
-                    return Ok(None);
-                };
-                let qkv = Projection::from_mapped(w, bias(3 * e, "in_proj_bias")?)?;
-                (
-                    qkv.narrow_outputs(0, e)?,
-                    qkv.narrow_outputs(e, e)?,
-                    qkv.narrow_outputs(2 * e, e)?,
-                    Some(qkv.clone()),
-                    Some(qkv.narrow_outputs(e, 2 * e)?),
-                )
-            }
-            MhaLayout::TorchSeparate => return Ok(None),
-            MhaLayout::HuggingFace => {
-                // Per-projection biases (Whisper has no `k_proj.bias`), as `build` reads them.
-                let get = |name: &str, cols: usize| -> candle::Result<Option<Projection>> {
-                    let bias_name = format!("{name}.bias");
-                    let b = (cfg.bias && vb.contains_tensor(&bias_name))
-                        .then(|| vb.get(e, &bias_name))
-                        .transpose()?;
-                    match mapped_matrix(&full(&format!("{name}.weight")), e, cols) {
-                        Some(w) => Ok(Some(Projection::from_mapped(w, b)?)),
-                        None => Ok(None),
-                    }
-                };
-                match (
-                    get("q_proj", e)?,
-                    get("k_proj", cfg.kdim)?,
-                    get("v_proj", cfg.vdim)?,
-                ) {
-                    (Some(q), Some(k), Some(v)) => (q, k, v, None, None),
-                    _ => return Ok(None),
-                }
-            }
-        };
-        Ok(Some(Self {
-            q_proj,
-            k_proj,
-            v_proj,
-            out_proj: Projection::from_mapped(
-                out_w,
-                match layout {
-                    MhaLayout::HuggingFace if !vb.contains_tensor("out_proj.bias") => None,
-                    _ => bias(e, "out_proj.bias")?,
-                },
-            )?,
-            qkv_proj,
-            kv_proj,
-            bias_kv: None,
-            layout,
-            cfg: cfg.clone(),
-        }))
     }
 
     /// The configuration.

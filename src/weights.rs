@@ -22,6 +22,12 @@
 //!
 //! Torch's optional `bias_k`, `bias_v` `(1, 1, E)` go with any of them.
 
+mod mapped;
+mod source;
+
+pub use mapped::MappedMatrix;
+pub use source::{WeightMatrix, WeightSource};
+
 use candle::{DType, Device, Shape, Tensor};
 use candle_nn::VarBuilder;
 use safetensors::tensor::{Dtype as StDtype, Metadata, TensorInfo};

@@ -80,7 +80,11 @@ impl PrefixModel {
     /// Checks everything a hypothesis promises under `cfg` (start token, length limit,
     /// banned tokens, scores).
     fn check(&self, src: usize, hyp: &Hypothesis, cfg: &GenerationConfig) {
-        assert_eq!(hyp.tokens[0], cfg.decoder_start_token_id.unwrap(), "{hyp:?}");
+        assert_eq!(
+            hyp.tokens[0],
+            cfg.decoder_start_token_id.unwrap(),
+            "{hyp:?}"
+        );
         assert_eq!(hyp.log_prob, self.rescore(src, hyp), "{hyp:?}");
         let generated = hyp.tokens.len() - 1;
         let max_new = cfg.max_new_tokens.unwrap();
@@ -277,7 +281,11 @@ fn greedy_batch_drops_finished_rows() -> Result<()> {
     let cfg = cfg();
     let got = hyps(&model, Rows::new(3), 3, &cfg)?;
     for (i, h) in got.iter().enumerate() {
-        assert_eq!(h[0].generated(), &script[i][..script[i].len() - 1], "item {i}");
+        assert_eq!(
+            h[0].generated(),
+            &script[i][..script[i].len() - 1],
+            "item {i}"
+        );
         assert!(h[0].ended_with_eos);
         model.check(i, &h[0], &cfg);
     }
@@ -304,7 +312,11 @@ fn greedy_batch_drops_finished_rows() -> Result<()> {
     let nbest = hyps(&model, Rows::new(3), 3, &beam)?;
     for (i, list) in nbest.iter().enumerate() {
         assert_eq!(list.len(), 2);
-        assert_eq!(list[0].generated(), &script[i][..script[i].len() - 1], "item {i}");
+        assert_eq!(
+            list[0].generated(),
+            &script[i][..script[i].len() - 1],
+            "item {i}"
+        );
         assert!(list[0].score >= list[1].score);
         for h in list {
             model.check(i, h, &beam);
@@ -320,7 +332,10 @@ fn greedy_batch_drops_finished_rows() -> Result<()> {
         })
         .collect();
     assert_eq!(step_sizes[0], 3, "one row per item at the first step");
-    assert!(step_sizes[1..].iter().all(|&n| n % 2 == 0), "{step_sizes:?}");
+    assert!(
+        step_sizes[1..].iter().all(|&n| n % 2 == 0),
+        "{step_sizes:?}"
+    );
     assert!(
         step_sizes[1..].windows(2).all(|w| w[1] <= w[0]),
         "{step_sizes:?}"
@@ -419,7 +434,12 @@ fn length_penalty_changes_the_winner() -> Result<()> {
     let long_lp = -1.2f32 + -0.1 + -0.2;
 
     let model = short_or_long();
-    let flat = hyps(&model, Rows::new(1), 1, &base.clone().with_length_penalty(0.0))?;
+    let flat = hyps(
+        &model,
+        Rows::new(1),
+        1,
+        &base.clone().with_length_penalty(0.0),
+    )?;
     assert_eq!(flat[0][0].tokens, vec![BOS, EOS]);
     assert_eq!(flat[0][0].score, short_lp);
     assert_eq!(flat[0][1].tokens, vec![BOS, A, A, EOS]);
@@ -466,7 +486,10 @@ fn bad_configs_are_errors_before_the_model_is_called() {
         (cfg().with_max_new_tokens(0), "max_new_tokens"),
         (cfg().with_length_penalty(f64::NAN), "length_penalty"),
         (cfg().with_length_penalty(f64::INFINITY), "length_penalty"),
-        (cfg().with_num_beams(2).with_num_return_sequences(3), "num_return_sequences"),
+        (
+            cfg().with_num_beams(2).with_num_return_sequences(3),
+            "num_return_sequences",
+        ),
     ] {
         expect_err(hyps(&model, Rows::new(1), 1, &c), &[what]);
     }
@@ -512,10 +535,7 @@ fn bad_model_outputs_are_errors() {
         row: vec![0.0; 6],
         extra_rows: 1,
     };
-    expect_err(
-        hyps(&wrong_rows, (), 1, &cfg),
-        &["fed 1 tokens", "2 rows"],
-    );
+    expect_err(hyps(&wrong_rows, (), 1, &cfg), &["fed 1 tokens", "2 rows"]);
     expect_err(
         hyps(&wrong_rows, (), 1, &cfg.clone().with_num_beams(2)),
         &["fed 1 tokens", "2 rows"],

@@ -11,13 +11,13 @@
 use super::config::MarianConfig;
 use super::weights::{list_dir, MarianWeights};
 use crate::generation::StepDecoder;
-use crate::simd::rows::log_softmax_in_place;
 use crate::mask::Mask;
-use crate::projection::mapped::{mapped_matrix, with_mapped_weights, MappedMatrix};
 use crate::projection::Projection;
+use crate::simd::rows::log_softmax_in_place;
 use crate::transformer::{
     DecoderCache, DecoderMasks, EncoderMasks, ModelTrace, TransformerDecoder, TransformerEncoder,
 };
+use crate::weights::{MappedMatrix, WeightMatrix, WeightSource};
 use candle::{DType, Device, Module, Tensor, D};
 use std::path::Path;
 
@@ -138,22 +138,8 @@ impl MarianMTModel {
     /// Builds the model from a config and a state dict, computing in `dtype` on `device`.
     /// Checks the vocabulary sizes against the embedding tables (an error names both). With
     /// `f32` safetensors weights computed in `f32` on the CPU, the large matrices are used in
-    /// place from the mapped file ([`crate::projection::mapped`]): nothing is copied.
+    /// place from the mapped file ([`WeightSource::in_place`]): nothing is copied.
     pub fn load(
-        cfg: MarianConfig,
-        weights: &MarianWeights,
-        dtype: DType,
-        device: &Device,
-    ) -> candle::Result<Self> {
-        match weights.mapped() {
-            Some(source) if dtype == DType::F32 && device.is_cpu() => {
-                with_mapped_weights(source, || Self::build(cfg, weights, dtype, device))
-            }
-            _ => Self::build(cfg, weights, dtype, device),
-        }
-    }
-
-    fn build(
         cfg: MarianConfig,
         weights: &MarianWeights,
         dtype: DType,
@@ -163,6 +149,10 @@ impl MarianMTModel {
         let prefix = model_prefix(|n| weights.contains(n));
         let name = |n: &str| format!("{prefix}{n}");
         let vb = weights.var_builder(dtype, device);
+        let source = match weights.mapped() {
+            Some(file) => WeightSource::in_place(vb.clone(), file),
+            None => WeightSource::load(vb.clone()),
+        };
         let d = cfg.d_model;
         let first_present = |candidates: &[String]| -> candle::Result<String> {
             candidates
@@ -182,39 +172,33 @@ impl MarianMTModel {
             }
         };
         let table = |tensor: &str, rows: usize| -> candle::Result<EmbeddingTable> {
-            Ok(match mapped_matrix(tensor, rows, d) {
-                Some(m) => EmbeddingTable::Mapped(m),
-                None => EmbeddingTable::Owned(vb.get((rows, d), tensor)?),
-            })
+            Ok(
+                match source.matrix((rows, d), tensor, candle_nn::Init::Const(0.0))? {
+                    WeightMatrix::Mapped(m) => EmbeddingTable::Mapped(m),
+                    WeightMatrix::Tensor(t) => EmbeddingTable::Owned(t),
+                },
+            )
         };
-        let (encoder_embed, decoder_embed, decoder_table_name) =
-            if cfg.share_encoder_decoder_embeddings {
-                let shared = first_present(&[
-                    name("shared.weight"),
-                    name("encoder.embed_tokens.weight"),
-                    name("decoder.embed_tokens.weight"),
-                ])?;
-                check_vocab(&shared, cfg.vocab_size, "vocab_size")?;
-                let t = table(&shared, cfg.vocab_size)?;
-                (t.clone(), t, shared)
-            } else {
-                let enc = name("encoder.embed_tokens.weight");
-                let dec = name("decoder.embed_tokens.weight");
-                check_vocab(&enc, cfg.vocab_size, "vocab_size")?;
-                check_vocab(&dec, cfg.target_vocab_size(), "decoder_vocab_size")?;
-                (
-                    table(&enc, cfg.vocab_size)?,
-                    table(&dec, cfg.target_vocab_size())?,
-                    dec,
-                )
-            };
-        let vocab = cfg.target_vocab_size();
-        let lm_name = if cfg.tie_word_embeddings {
-            decoder_table_name
+        let (encoder_embed, decoder_embed) = if cfg.share_encoder_decoder_embeddings {
+            let shared = first_present(&[
+                name("shared.weight"),
+                name("encoder.embed_tokens.weight"),
+                name("decoder.embed_tokens.weight"),
+            ])?;
+            check_vocab(&shared, cfg.vocab_size, "vocab_size")?;
+            let t = table(&shared, cfg.vocab_size)?;
+            (t.clone(), t)
         } else {
-            check_vocab("lm_head.weight", vocab, "the target vocabulary size")?;
-            "lm_head.weight".to_string()
+            let enc = name("encoder.embed_tokens.weight");
+            let dec = name("decoder.embed_tokens.weight");
+            check_vocab(&enc, cfg.vocab_size, "vocab_size")?;
+            check_vocab(&dec, cfg.target_vocab_size(), "decoder_vocab_size")?;
+            (
+                table(&enc, cfg.vocab_size)?,
+                table(&dec, cfg.target_vocab_size())?,
+            )
         };
+        let vocab = cfg.target_vocab_size();
         // transformers treats a missing bias as zeros (it is a buffer, not a parameter).
         let bias = if weights.contains("final_logits_bias") {
             let b = vb.get_unchecked("final_logits_bias")?;
@@ -228,16 +212,27 @@ impl MarianMTModel {
         } else {
             Tensor::zeros(vocab, dtype, device)?
         };
-        let lm_head = match (mapped_matrix(&lm_name, vocab, d), &decoder_embed) {
-            (Some(w), _) => Projection::from_mapped(w, Some(bias))?,
-            // Tied: the head reads the embedding table in place rather than packing a copy.
-            (None, EmbeddingTable::Owned(t)) if cfg.tie_word_embeddings => {
-                Projection::shared(t, Some(bias))?
+        let lm_head = if cfg.tie_word_embeddings {
+            // Tied: the head reads the embedding table where it lies rather than packing a copy.
+            match &decoder_embed {
+                EmbeddingTable::Mapped(m) => Projection::from_mapped(m.clone(), Some(bias))?,
+                EmbeddingTable::Owned(t) => Projection::shared(t, Some(bias))?,
             }
-            (None, _) => Projection::new(&vb.get((vocab, d), &lm_name)?, Some(bias))?,
+        } else {
+            check_vocab("lm_head.weight", vocab, "the target vocabulary size")?;
+            let w = source.matrix((vocab, d), "lm_head.weight", candle_nn::Init::Const(0.0))?;
+            Projection::from_matrix(w, Some(bias))?
         };
-        let encoder = TransformerEncoder::load(&cfg.encoder_config()?, vb.pp(name("encoder")))?;
-        let decoder = TransformerDecoder::load(&cfg.decoder_config()?, vb.pp(name("decoder")))?;
+        let stack = |n: &str| {
+            let src = source.pp(name(n));
+            (src.contains("norm.weight"), src)
+        };
+        let (enc_norm, enc_source) = stack("encoder");
+        let (dec_norm, dec_source) = stack("decoder");
+        let encoder =
+            TransformerEncoder::from_source(&cfg.encoder_config()?, &enc_source, enc_norm)?;
+        let decoder =
+            TransformerDecoder::from_source(&cfg.decoder_config()?, &dec_source, dec_norm)?;
         if encoder.has_final_norm() || decoder.has_final_norm() {
             candle::bail!(
                 "the weights have a final encoder/decoder norm ('{}'): that is mBART, not MarianMT",

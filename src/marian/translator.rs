@@ -3,9 +3,9 @@
 //! `tokenizer(texts, padding=True)` → `model.generate(**batch)` →
 //! `tokenizer.batch_decode(out, skip_special_tokens=True)`.
 
-use crate::generation::{generate, GenerationConfig};
 use super::model::MarianMTModel;
 use super::tokenizer::MarianTokenizer;
+use crate::generation::{generate, GenerationConfig};
 use crate::translate::translator::{Attention, TeacherForcing};
 use candle::{Device, Tensor};
 use std::path::Path;

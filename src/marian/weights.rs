@@ -16,7 +16,7 @@ pub const WEIGHT_FILES: [&str; 2] = ["model.safetensors", "pytorch_model.bin"];
 #[derive(Clone)]
 pub enum MarianWeights {
     /// `model.safetensors` (memory-mapped; its `f32` weights can stay in place, see
-    /// [`crate::projection::mapped`]).
+    /// [`crate::weights::WeightSource::in_place`]).
     Safetensors(TensorFile),
     /// `pytorch_model.bin` (a torch zip pickle); tensors are read one at a time.
     Pth(std::sync::Arc<PthTensors>, PathBuf),

@@ -41,12 +41,12 @@ mod bf16;
 mod gemm;
 mod half;
 mod kernels;
-pub mod mapped;
 mod portable;
 mod rows;
 mod tile;
 
 use crate::simd::{cpu_f32, Isa};
+use crate::weights::{MappedMatrix, WeightMatrix};
 use candle::{DType, Device, Module, Tensor};
 
 use tile::PANEL;
@@ -73,8 +73,8 @@ enum Weight {
         col0: usize,
         out: usize,
     },
-    /// `W` `(out, in)` read in place from a memory-mapped file ([`mapped`]).
-    Mapped(mapped::MappedMatrix),
+    /// `W` `(out, in)` read in place from a memory-mapped file ([`MappedMatrix`]).
+    Mapped(MappedMatrix),
     /// `W` `(out, in)`, a contiguous CPU `f32` tensor shared with its owner (e.g. the tied
     /// embedding table of a language model head), read row by row as [`Weight::Mapped`] is.
     Rows(Tensor),
@@ -169,9 +169,19 @@ impl Projection {
         Ok(Self { weight, bias })
     }
 
+    /// From a [`WeightMatrix`] as a [`crate::weights::WeightSource`] hands it out: a tensor
+    /// as [`Projection::new`] takes it, or a matrix in place in a mapped file as
+    /// [`Projection::from_mapped`]; `bias` `(out)`.
+    pub fn from_matrix(weight: WeightMatrix, bias: Option<Tensor>) -> candle::Result<Self> {
+        match weight {
+            WeightMatrix::Tensor(w) => Self::new(&w, bias),
+            WeightMatrix::Mapped(m) => Self::from_mapped(m, bias),
+        }
+    }
+
     /// A projection whose weight `W` `(out, in)` stays in a memory-mapped file (see
-    /// [`mapped`]); `bias` `(out)` must be a CPU `f32` tensor.
-    pub fn from_mapped(weight: mapped::MappedMatrix, bias: Option<Tensor>) -> candle::Result<Self> {
+    /// [`MappedMatrix`]); `bias` `(out)` must be a CPU `f32` tensor.
+    pub fn from_mapped(weight: MappedMatrix, bias: Option<Tensor>) -> candle::Result<Self> {
         if let Some(b) = &bias {
             if b.dims() != [weight.rows()] || !is_cpu_constant_f32(b) {
                 candle::bail!(
@@ -191,7 +201,7 @@ impl Projection {
     /// A projection that shares `weight` `(out, in)` with its owner instead of packing a copy of
     /// it: a tied output projection and the embedding table it is tied to stay one tensor.
     /// For a CPU `f32` constant the product reads `W`'s rows in place (the kernel of
-    /// [`mapped`]); anything else is kept as a view, as [`Projection::new`] keeps what it does
+    /// [`MappedMatrix`]); anything else is kept as a view, as [`Projection::new`] keeps what it does
     /// not pack (a half-precision table too: it is not copied into panels).
     pub fn shared(weight: &Tensor, bias: Option<Tensor>) -> candle::Result<Self> {
         if !(is_cpu_constant_f32(weight) && weight.rank() == 2) {

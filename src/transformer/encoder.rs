@@ -7,6 +7,7 @@ use super::norm::LayerNorm;
 use super::trace::AttentionTrace;
 use crate::mask::Mask;
 use crate::mha::{AttentionArgs, MultiHeadAttention};
+use crate::weights::WeightSource;
 use candle::{Module, ModuleT, Tensor};
 use candle_nn::VarBuilder;
 
@@ -51,26 +52,24 @@ pub struct TransformerEncoderLayer {
 impl TransformerEncoderLayer {
     /// Loads the layer under `vb` (every tensor must be there with the shapes `cfg` implies).
     pub fn load(cfg: &TransformerConfig, vb: VarBuilder) -> candle::Result<Self> {
-        Self::build(cfg, vb, false)
+        Self::from_source(cfg, &WeightSource::load(vb))
     }
 
     /// Fresh, torch-initialised weights (trainable with a `VarMap`).
     pub fn new(cfg: &TransformerConfig, vb: VarBuilder) -> candle::Result<Self> {
-        Self::build(cfg, vb, true)
+        Self::from_source(cfg, &WeightSource::init(vb))
     }
 
-    fn build(cfg: &TransformerConfig, vb: VarBuilder, fresh: bool) -> candle::Result<Self> {
+    /// The layer from `source` (under its prefix): loaded or created, as the source says.
+    pub fn from_source(cfg: &TransformerConfig, source: &WeightSource) -> candle::Result<Self> {
         cfg.validate()?;
-        let attn = if fresh {
-            MultiHeadAttention::new
-        } else {
-            MultiHeadAttention::load
-        };
+        let attn = |src: WeightSource| MultiHeadAttention::from_source(cfg.attention(), &src);
+        let vb = source.var_builder();
         let norm =
             |name: &str| LayerNorm::new(cfg.d_model, cfg.layer_norm_eps, cfg.bias, vb.pp(name));
         Ok(Self {
-            self_attn: attn(cfg.attention(), vb.pp("self_attn"))?,
-            feed_forward: FeedForward::new(cfg, &vb)?,
+            self_attn: attn(source.pp("self_attn"))?,
+            feed_forward: FeedForward::new(cfg, source)?,
             norm1: norm(cfg.naming.self_attn_norm())?,
             norm2: norm(cfg.naming.feed_forward_norm(false))?,
             norm_first: cfg.norm_first,
@@ -154,23 +153,25 @@ impl TransformerEncoder {
     /// weights have one.
     pub fn load(cfg: &TransformerConfig, vb: VarBuilder) -> candle::Result<Self> {
         let final_norm = vb.contains_tensor("norm.weight");
-        Self::build(cfg, vb, false, final_norm)
+        Self::from_source(cfg, &WeightSource::load(vb), final_norm)
     }
 
     /// Fresh, torch-initialised weights, with a final norm when `final_norm`.
     pub fn new(cfg: &TransformerConfig, vb: VarBuilder, final_norm: bool) -> candle::Result<Self> {
-        Self::build(cfg, vb, true, final_norm)
+        Self::from_source(cfg, &WeightSource::init(vb), final_norm)
     }
 
-    pub(crate) fn build(
+    /// `cfg.num_encoder_layers` layers (`layers.{i}`) and, when `final_norm`, the final norm
+    /// `norm.*`, from `source` (under its prefix).
+    pub fn from_source(
         cfg: &TransformerConfig,
-        vb: VarBuilder,
-        fresh: bool,
+        source: &WeightSource,
         final_norm: bool,
     ) -> candle::Result<Self> {
         let layers = (0..cfg.num_encoder_layers)
-            .map(|i| TransformerEncoderLayer::build(cfg, vb.pp(format!("layers.{i}")), fresh))
+            .map(|i| TransformerEncoderLayer::from_source(cfg, &source.pp(format!("layers.{i}"))))
             .collect::<candle::Result<_>>()?;
+        let vb = source.var_builder();
         let norm = final_norm
             .then(|| LayerNorm::new(cfg.d_model, cfg.layer_norm_eps, cfg.bias, vb.pp("norm")))
             .transpose()?;

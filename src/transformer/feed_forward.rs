@@ -2,8 +2,9 @@
 
 use super::config::{Activation, TransformerConfig};
 use crate::projection::Projection;
+use crate::weights::WeightSource;
 use candle::{Module, Tensor};
-use candle_nn::VarBuilder;
+use candle_nn::Init;
 
 /// Two linear layers around an activation. Tensor names: `linear1.{weight,bias}`
 /// `(dim_feedforward, d_model)`, `linear2.{weight,bias}` `(d_model, dim_feedforward)`, which is
@@ -18,22 +19,32 @@ pub struct FeedForward {
 }
 
 impl FeedForward {
-    /// Reads (or, from a `VarMap`, creates with torch's initialisation) `linear1` and `linear2`
-    /// under `vb`.
-    pub fn new(cfg: &TransformerConfig, vb: &VarBuilder) -> candle::Result<Self> {
-        let linear = |inp, out, name: &str| -> candle::Result<Projection> {
-            // Inside `with_mapped_weights`, the weight stays in the mapped file.
-            let weight_name = crate::weights::join_name(&vb.prefix(), &format!("{name}.weight"));
-            if let Some(w) = crate::projection::mapped::mapped_matrix(&weight_name, out, inp) {
-                let bias = cfg.bias.then(|| vb.pp(name).get(out, "bias")).transpose()?;
-                return Projection::from_mapped(w, bias);
-            }
-            let lin = if cfg.bias {
-                candle_nn::linear(inp, out, vb.pp(name))?
-            } else {
-                candle_nn::linear_no_bias(inp, out, vb.pp(name))?
-            };
-            Projection::new(lin.weight(), lin.bias().cloned())
+    /// `linear1` and `linear2` under `source`'s prefix: read (a projection weight in place
+    /// where the source has it so), or created with candle-nn's `linear` initialisation
+    /// (kaiming-normal weights, biases uniform in `±1/sqrt(in)`).
+    pub fn new(cfg: &TransformerConfig, source: &WeightSource) -> candle::Result<Self> {
+        let linear = |inp: usize, out: usize, name: &str| -> candle::Result<Projection> {
+            let src = source.pp(name);
+            let w = src.matrix(
+                (out, inp),
+                "weight",
+                candle_nn::init::DEFAULT_KAIMING_NORMAL,
+            )?;
+            let bound = 1. / (inp as f64).sqrt();
+            let bias = cfg
+                .bias
+                .then(|| {
+                    src.tensor(
+                        out,
+                        "bias",
+                        Init::Uniform {
+                            lo: -bound,
+                            up: bound,
+                        },
+                    )
+                })
+                .transpose()?;
+            Projection::from_matrix(w, bias)
         };
         let (name1, name2) = cfg.naming.linears();
         Ok(Self {

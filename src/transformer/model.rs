@@ -4,6 +4,7 @@ use super::config::TransformerConfig;
 use super::decoder::{DecoderMasks, TransformerDecoder};
 use super::encoder::{EncoderMasks, TransformerEncoder};
 use crate::mask::Mask;
+use crate::weights::WeightSource;
 use candle::Tensor;
 use candle_nn::VarBuilder;
 
@@ -58,20 +59,21 @@ impl Transformer {
     /// Loads a `torch.nn.Transformer.state_dict()` under `vb`'s prefix. Every tensor must be
     /// there with the shapes `cfg` implies (see [`TransformerConfig::from_weights`]).
     pub fn load(cfg: TransformerConfig, vb: VarBuilder) -> candle::Result<Self> {
-        Self::build(cfg, vb, false)
+        Self::from_source(cfg, &WeightSource::load(vb))
     }
 
     /// Fresh, torch-initialised weights (trainable with a `VarMap`), named as torch names them.
     pub fn new(cfg: TransformerConfig, vb: VarBuilder) -> candle::Result<Self> {
-        Self::build(cfg, vb, true)
+        Self::from_source(cfg, &WeightSource::init(vb))
     }
 
-    fn build(cfg: TransformerConfig, vb: VarBuilder, fresh: bool) -> candle::Result<Self> {
+    /// The encoder and decoder stacks from `source` (under its prefix), loaded or created.
+    pub fn from_source(cfg: TransformerConfig, source: &WeightSource) -> candle::Result<Self> {
         cfg.validate()?;
         Ok(Self {
             // nn.Transformer always has both final norms.
-            encoder: TransformerEncoder::build(&cfg, vb.pp("encoder"), fresh, true)?,
-            decoder: TransformerDecoder::build(&cfg, vb.pp("decoder"), fresh, true)?,
+            encoder: TransformerEncoder::from_source(&cfg, &source.pp("encoder"), true)?,
+            decoder: TransformerDecoder::from_source(&cfg, &source.pp("decoder"), true)?,
             cfg,
         })
     }

@@ -221,7 +221,11 @@ impl Translator {
             .remove(0);
         let mut tgt_ids = vec![BOS];
         tgt_ids.extend(hyp.generated());
-        let mut output: Vec<String> = hyp.generated().iter().map(|&id| self.german_token(id)).collect();
+        let mut output: Vec<String> = hyp
+            .generated()
+            .iter()
+            .map(|&id| self.german_token(id))
+            .collect();
         if hyp.ended_with_eos {
             output.push("</s>".to_string());
         } else {

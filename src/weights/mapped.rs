@@ -8,17 +8,16 @@
 //!
 //! * [`MappedMatrix::in_file`] views an `f32` tensor of the file in place (checked: dtype,
 //!   size, 4-byte alignment);
-//! * inside [`with_mapped_weights`], the layer constructors of this crate
-//!   ([`crate::MultiHeadAttention::load`] and the Transformer's feed-forward layers) take their
-//!   projection weights from the file instead of copying them out of the `VarBuilder`;
-//! * such a [`super::Projection`] computes `y = x Wᵀ + b` with its own kernel, which reads `W`
-//!   row by row where it lies (no packing), on rayon's pool.
+//! * a [`super::WeightSource::in_place`] hands such matrices to the layer constructors of this
+//!   crate ([`crate::MultiHeadAttention`], the Transformer's feed-forward layers, the model
+//!   families) instead of copying the weights out of the `VarBuilder`;
+//! * a [`crate::Projection`] over one computes `y = x Wᵀ + b` with its own kernel, which reads
+//!   `W` row by row where it lies (no packing), on rayon's pool.
 //!
 //! The resident memory of the process then holds each weight once, as page cache shared with
 //! the file, and nothing is copied at load time.
 
-use crate::weights::TensorFile;
-use std::cell::RefCell;
+use super::TensorFile;
 
 /// A row-major `(rows, cols)` `f32` matrix inside a [`TensorFile`]'s bytes. Cheap to clone
 /// (clones share the file).
@@ -108,30 +107,4 @@ impl MappedMatrix {
         }
         Ok(out)
     }
-}
-
-thread_local! {
-    static SOURCE: RefCell<Option<TensorFile>> = const { RefCell::new(None) };
-}
-
-/// Runs `build` with `source` as the place layer constructors take their `f32` projection
-/// weights from, in place (see the module docs); restores the previous state afterwards, also
-/// on error or panic. Weights that cannot be used in place (another dtype, misaligned, absent)
-/// are loaded through the `VarBuilder` as usual.
-pub fn with_mapped_weights<R>(source: &TensorFile, build: impl FnOnce() -> R) -> R {
-    struct Restore(Option<TensorFile>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let previous = self.0.take();
-            SOURCE.with(|s| *s.borrow_mut() = previous);
-        }
-    }
-    let previous = SOURCE.with(|s| s.borrow_mut().replace(source.clone()));
-    let _restore = Restore(previous);
-    build()
-}
-
-/// The weight `name` `(rows, cols)` from the active [`with_mapped_weights`] source, if any.
-pub(crate) fn mapped_matrix(name: &str, rows: usize, cols: usize) -> Option<MappedMatrix> {
-    SOURCE.with(|s| MappedMatrix::in_file(s.borrow().as_ref()?, name, rows, cols))
 }
