@@ -19,16 +19,16 @@
 //! | project | [`AttentionSteps::output`] `= concat · W^Oᵀ + b^O` | `(L, d_model)` |
 //!
 //! [`explain_attention`] does this for any [`MultiHeadAttention`] and inputs;
-//! [`Explanation`] does it for a block of a loaded translation model (the shipped number
-//! translator or a MarianMT directory) on one text, with the block's inputs taken from the
-//! model's own forward pass ([`crate::transformer::ModelTrace`]) and the output of that pass
-//! kept beside the explained one ([`Explanation::forward_output`]) to show they agree.
+//! [`Explanation`] does it for a block of a translation model on one text — any model that
+//! exposes its stacks and a traced pass ([`ExplainModel`]: a MarianMT directory, the `attn`
+//! command's number translator) — with the block's inputs taken from the model's own forward
+//! pass ([`crate::transformer::ModelTrace`]) and the output of that pass kept beside the
+//! explained one ([`Explanation::forward_output`]) to show they agree.
 //!
 //! **Which decoder input.** Decoder self-attention and encoder-decoder attention need target
 //! tokens: they are the model's own greedy translation of the text, teacher-forced (start
-//! token, then the translation without its end token; see
-//! [`crate::translate::translator::TeacherForcing`]). Query row `t` reads decoder token `t` and
-//! predicts token `t + 1`.
+//! token, then the translation without its end token; see [`TeacherForcing`]). Query row `t`
+//! reads decoder token `t` and predicts token `t + 1`.
 //!
 //! **Why `√d_k`** is measured rather than asserted: [`AttentionSteps::scaling_comparison`]
 //! takes the softmax of the same scores with and without the division and reports, per query,
@@ -51,14 +51,66 @@
 //! # Ok(()) }
 //! ```
 
-use crate::marian::MarianTranslator;
 use crate::mask::{AttentionShape, Mask};
 use crate::mha::MultiHeadAttention;
 use crate::transformer::{AttentionTrace, ModelTrace, TransformerDecoder, TransformerEncoder};
-use crate::translate::translator::{TeacherForcing, Translator};
 use candle::{DType, Tensor, D};
 use std::fmt;
 use std::str::FromStr;
+
+/// Where one translation looked: tokens and the cross-attention weights of one decoder layer
+/// (what attention heatmaps draw). Returned by
+/// [`crate::marian::MarianTranslator::cross_attention`] (and by the `attn` command's number
+/// translator).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionMap {
+    /// Source tokens (columns): the normalised English words for the shipped translator, the
+    /// sentencepiece pieces (`</s>` last) for MarianMT.
+    pub source: Vec<String>,
+    /// Output tokens (rows): German morphemes or target pieces, ending with `</s>` when the
+    /// model stopped.
+    pub output: Vec<String>,
+    /// `weights[head][output][source]`, each row a distribution over the source tokens (sums to
+    /// ~1; all zeros for a fully masked row).
+    pub weights: Vec<Vec<Vec<f32>>>,
+    /// The layer (0-based).
+    pub layer: usize,
+    /// Decoder layers in the model.
+    pub num_layers: usize,
+}
+
+/// One text and the model's own greedy translation of it, as ids and token labels: what a
+/// teacher-forced pass feeds the model to show its attention on a real sentence. Returned by
+/// [`crate::marian::MarianTranslator::teacher_forcing`] (and by the `attn` command's number
+/// translator).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TeacherForcing {
+    /// The encoder input ids `(S)`, as the model reads the text.
+    pub source_ids: Vec<u32>,
+    /// One label per source id: the normalised English words for the shipped translator, the
+    /// sentencepiece pieces (`</s>` last) for MarianMT.
+    pub source_tokens: Vec<String>,
+    /// The decoder input ids `(T)`: the start token, then the greedy translation without its
+    /// end token. Position `t` reads `decoder_ids[t]` and predicts the token after it.
+    pub decoder_ids: Vec<u32>,
+    /// One label per decoder input id (`<bos>`, or `<pad>` as Marian's start token, first).
+    pub decoder_tokens: Vec<String>,
+    /// The translation as text.
+    pub translation: String,
+}
+
+/// A translation model whose attention blocks [`Explanation`] can show: its two stacks and a
+/// traced teacher-forced pass. Models implement it (MarianMT in this crate; the `attn`
+/// command's number translator in its own crate).
+pub trait ExplainModel {
+    /// The encoder stack.
+    fn encoder(&self) -> &TransformerEncoder;
+    /// The decoder stack.
+    fn decoder(&self) -> &TransformerDecoder;
+    /// A teacher-forced eval pass over one text, source ids `(S)` and decoder input ids `(T)`
+    /// (start token first), recording every attention block (batch of one).
+    fn trace_ids(&self, source_ids: &[u32], decoder_ids: &[u32]) -> candle::Result<ModelTrace>;
+}
 
 /// The three uses of attention in the encoder-decoder Transformer (paper section 3.2.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -623,39 +675,17 @@ impl Explanation {
         })
     }
 
-    /// Explains a block of the shipped number translator (or any [`Translator`]) on `text`.
-    /// Errors when the text is not an English number the translator takes (the reason from its
-    /// parser) or the layer does not exist.
-    pub fn of_translator(
-        translator: &Translator,
-        text: &str,
+    /// Explains block `attention` of `layer` of `model` on `example` (the text, its tokens
+    /// and the model's greedy translation, e.g. from
+    /// [`crate::marian::MarianTranslator::teacher_forcing`]). Errors when the layer does not
+    /// exist (listing the valid ones) or the pass fails.
+    pub fn of_model(
+        model: &impl ExplainModel,
+        example: TeacherForcing,
         attention: AttentionUse,
         layer: usize,
     ) -> candle::Result<Self> {
-        let example = translator.teacher_forcing(text)?;
-        let model = translator.model();
-        let device = translator.device();
-        let src = Tensor::new(example.source_ids.as_slice(), device)?.unsqueeze(0)?;
-        let tgt = Tensor::new(example.decoder_ids.as_slice(), device)?.unsqueeze(0)?;
-        let trace = model.trace(&src, &tgt)?;
-        let t = model.transformer();
-        Self::from_trace(t.encoder(), t.decoder(), &trace, example, attention, layer)
-    }
-
-    /// Explains a block of a MarianMT model on `text` (its greedy translation as the decoder
-    /// input). Errors when the model cannot take the text or the layer does not exist.
-    pub fn of_marian(
-        translator: &MarianTranslator,
-        text: &str,
-        attention: AttentionUse,
-        layer: usize,
-    ) -> candle::Result<Self> {
-        let example = translator.teacher_forcing(text)?;
-        let model = translator.model();
-        let device = model.device();
-        let input = Tensor::new(example.source_ids.as_slice(), device)?.unsqueeze(0)?;
-        let dec = Tensor::new(example.decoder_ids.as_slice(), device)?.unsqueeze(0)?;
-        let trace = model.trace(&input, &input.ones_like()?, &dec)?;
+        let trace = model.trace_ids(&example.source_ids, &example.decoder_ids)?;
         Self::from_trace(
             model.encoder(),
             model.decoder(),

@@ -63,9 +63,7 @@ pub mod sdpa;
 mod simd;
 #[doc(hidden)]
 pub mod testing;
-pub mod torch_io;
 pub mod transformer;
-pub mod translate;
 pub mod weights;
 
 pub use device::device_from_name;
@@ -75,4 +73,4 @@ pub use mask::{AttentionShape, Mask};
 pub use mha::{AttentionArgs, MultiHeadAttention, MultiHeadAttentionConfig};
 pub use projection::Projection;
 pub use sdpa::{scaled_dot_product_attention, AttentionOutput, SdpaArgs};
-pub use weights::{MhaLayout, MhaWeightsInfo, TensorFile};
+pub use weights::{save_tensors, MhaLayout, MhaWeightsInfo, TensorFile};

@@ -200,6 +200,13 @@ impl Default for AttentionArgs<'_> {
     }
 }
 
+/// The stored weights of the input projections: torch's one fused `(E + 2 kv, E)` tensor, or
+/// the query, key and value weights.
+enum InputWeights {
+    Fused(WeightMatrix),
+    Separate([WeightMatrix; 3]),
+}
+
 /// The input projections of a [`MultiHeadAttention`] as built: Q, K and V fused into one
 /// `(E + 2 kv, E)` projection, or three.
 enum InputProjections {
@@ -368,6 +375,36 @@ impl MultiHeadAttention {
         };
         let zeros = Init::Const(0.0);
         let fused_rows = e + 2 * kv;
+        // The input projections' weights first (a shape error names the weight, which says
+        // more than its bias's), then their biases: one fused `(E + 2kv, E)` weight, or three.
+        let names = match layout {
+            MhaLayout::TorchFused => {
+                if cfg.kdim != e || cfg.vdim != e {
+                    candle::bail!(
+                        "fused in_proj_weight under '{}' needs kdim = vdim = embed_dim = {e}, config has kdim {} and vdim {}",
+                        src.prefix(),
+                        cfg.kdim,
+                        cfg.vdim
+                    )
+                }
+                None
+            }
+            MhaLayout::TorchSeparate => Some(["q_proj_weight", "k_proj_weight", "v_proj_weight"]),
+            MhaLayout::HuggingFace => Some(["q_proj.weight", "k_proj.weight", "v_proj.weight"]),
+        };
+        let weights = match names {
+            None => InputWeights::Fused(
+                src.matrix((fused_rows, e), "in_proj_weight", xavier(fused_rows, e))
+                    .map_err(kv_context)?,
+            ),
+            Some([q_name, k_name, v_name]) => InputWeights::Separate([
+                src.matrix((e, e), q_name, xavier(e, e))?,
+                src.matrix((kv, cfg.kdim), k_name, xavier(kv, cfg.kdim))
+                    .map_err(kv_context)?,
+                src.matrix((kv, cfg.vdim), v_name, xavier(kv, cfg.vdim))
+                    .map_err(kv_context)?,
+            ]),
+        };
         // Hugging Face layouts may carry some biases only (Whisper: no `k_proj.bias`); a
         // missing one is a zero bias. `detect_layout` has checked that at least one is there.
         let has_bias = |name: &str| cfg.bias && (src.creates() || src.contains(name));
@@ -401,33 +438,13 @@ impl MultiHeadAttention {
                 }
             }
         };
-        // The three input projections: one fused `(E + 2kv, E)` weight, or three.
-        let [q_name, k_name, v_name] = match layout {
-            MhaLayout::TorchFused => {
-                if cfg.kdim != e || cfg.vdim != e {
-                    candle::bail!(
-                        "fused in_proj_weight under '{}' needs kdim = vdim = embed_dim = {e}, config has kdim {} and vdim {}",
-                        src.prefix(),
-                        cfg.kdim,
-                        cfg.vdim
-                    )
-                }
-                let w = src
-                    .matrix((fused_rows, e), "in_proj_weight", xavier(fused_rows, e))
-                    .map_err(kv_context)?;
-                let qkv = Projection::from_matrix(w, fused_b)?;
+        let [q_w, k_w, v_w] = match weights {
+            InputWeights::Fused(fused) => {
+                let qkv = Projection::from_matrix(fused, fused_b)?;
                 return Self::assemble(cfg, layout, qkv.into(), src);
             }
-            MhaLayout::TorchSeparate => ["q_proj_weight", "k_proj_weight", "v_proj_weight"],
-            MhaLayout::HuggingFace => ["q_proj.weight", "k_proj.weight", "v_proj.weight"],
+            InputWeights::Separate(parts) => parts,
         };
-        let q_w = src.matrix((e, e), q_name, xavier(e, e))?;
-        let k_w = src
-            .matrix((kv, cfg.kdim), k_name, xavier(kv, cfg.kdim))
-            .map_err(kv_context)?;
-        let v_w = src
-            .matrix((kv, cfg.vdim), v_name, xavier(kv, cfg.vdim))
-            .map_err(kv_context)?;
         // Separate tensors are concatenated into one fused weight only when they are
         // constants of the same inputs: a copy of a `Var` would not see its training updates,
         // and weights read in place from a mapped file lie apart.

@@ -32,7 +32,7 @@ use candle::{DType, Device, Shape, Tensor};
 use candle_nn::VarBuilder;
 use safetensors::tensor::{Dtype as StDtype, Metadata, TensorInfo};
 use safetensors::SafeTensors;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -365,6 +365,18 @@ impl candle_nn::var_builder::SimpleBackend for TensorFile {
     fn contains_tensor(&self, name: &str) -> bool {
         self.contains(name)
     }
+}
+
+/// Writes tensors to a safetensors file (contiguous copies, names as given): what
+/// [`TensorFile::open`] reads back. Errors name the file.
+pub fn save_tensors(tensors: &[(&str, &Tensor)], path: impl AsRef<Path>) -> candle::Result<()> {
+    let map: HashMap<String, Tensor> = tensors
+        .iter()
+        .map(|(n, t)| Ok((n.to_string(), t.contiguous()?)))
+        .collect::<candle::Result<_>>()?;
+    let path = path.as_ref();
+    candle::safetensors::save(&map, path)
+        .map_err(|e| candle::Error::Msg(format!("cannot write {}: {e}", path.display())))
 }
 
 /// How a multi-head attention block's projections are named.

@@ -1,7 +1,8 @@
 //! `candle_attention::explain`: the step-by-step computation equals the library's attention
 //! (`MultiHeadAttention::attend` with per-head weights) on the same inputs, and, for every block
-//! of the shipped translator and of a MarianMT directory, the block's output in the model's own
-//! forward pass, whose logits are those of the plain forward pass.
+//! of a MarianMT directory, the block's output in the model's own forward pass, whose logits
+//! are those of the plain forward pass. (The number translator of the `attn` command is
+//! explained in `attn-cli/tests/number_translator_explain.rs`.)
 
 mod common;
 use common::max_abs_diff;
@@ -9,20 +10,11 @@ use common::max_abs_diff;
 use candle::{DType, Device, Tensor};
 use candle_attention::explain::{explain_attention, AttentionUse, Explanation, RowStats};
 use candle_attention::marian::MarianTranslator;
-use candle_attention::translate::translator::Translator;
 use candle_attention::{AttentionArgs, Mask, MultiHeadAttention, MultiHeadAttentionConfig};
 use candle_nn::{VarBuilder, VarMap};
 use std::path::{Path, PathBuf};
 
 const TOL: f32 = 1e-5;
-
-fn shipped() -> Translator {
-    Translator::load(
-        concat!(env!("CARGO_MANIFEST_DIR"), "/weights"),
-        &Device::Cpu,
-    )
-    .unwrap()
-}
 
 fn marian_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/marian_e2e")
@@ -185,80 +177,21 @@ fn check_model_blocks(
 }
 
 #[test]
-fn shipped_model_blocks_equal_its_forward_pass() {
-    let t = shipped();
-    let text = "three hundred and forty-two";
-    let cfg = t.model().config().transformer.clone();
-    check_model_blocks(
-        |u, l| Explanation::of_translator(&t, text, u, l),
-        (cfg.num_encoder_layers, cfg.num_decoder_layers),
-    );
-    let e = Explanation::of_translator(&t, text, AttentionUse::Cross, 1).unwrap();
-    assert_eq!(e.example.translation, "dreihundertzweiundvierzig");
-    assert_eq!(e.example.decoder_tokens[0], "<bos>");
-    assert_eq!(
-        e.example.source_tokens,
-        ["three", "hundred", "and", "forty", "-", "two"]
-    );
-    assert_eq!(e.steps.head_dim, 16);
-    assert_eq!(e.steps.scores.dims(), &[8, e.example.decoder_ids.len(), 6]);
-}
-
-#[test]
-fn shipped_trace_is_the_forward_pass() {
-    let t = shipped();
-    let ex = t.teacher_forcing("nine hundred and one").unwrap();
-    let dev = Device::Cpu;
-    let src = Tensor::new(ex.source_ids.as_slice(), &dev)
-        .unwrap()
-        .unsqueeze(0)
-        .unwrap();
-    let tgt = Tensor::new(ex.decoder_ids.as_slice(), &dev)
-        .unwrap()
-        .unsqueeze(0)
-        .unwrap();
-    let trace = t.model().trace(&src, &tgt).unwrap();
-    let logits = t.model().forward(&src, &tgt, false).unwrap();
-    assert_eq!(max_abs_diff(&trace.logits, &logits), 0.0);
-    let (memory, _) = t.model().encode(&src, false).unwrap();
-    assert_eq!(max_abs_diff(&trace.memory, &memory), 0.0);
-    // Cross-attention reads the encoder output; self-attention its own input.
-    for layer in &trace.decoder {
-        assert_eq!(max_abs_diff(&layer.cross_attn.key_value, &memory), 0.0);
-        assert_eq!(
-            max_abs_diff(&layer.self_attn.key_value, &layer.self_attn.query),
-            0.0
-        );
-    }
-    // The greedy translation is what the logits predict, position by position.
-    let predicted: Vec<u32> = logits
-        .squeeze(0)
-        .unwrap()
-        .argmax(1)
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-    assert_eq!(&predicted[..predicted.len() - 1], &ex.decoder_ids[1..]);
-    assert_eq!(*predicted.last().unwrap(), t.model().config().eos_id);
-    // The weights the model reports for its heatmaps are the explained ones.
-    let cross = t.model().cross_attention(&src, &tgt).unwrap();
-    for (layer, w) in cross.iter().enumerate() {
-        let e = Explanation::of_translator(&t, "nine hundred and one", AttentionUse::Cross, layer)
-            .unwrap();
-        assert!(max_abs_diff(&e.steps.weights, &w.squeeze(0).unwrap()) < TOL);
-    }
-}
-
-#[test]
 fn marian_blocks_equal_its_forward_pass() {
     let t = MarianTranslator::from_dir(marian_dir(), &Device::Cpu).unwrap();
     let text = "I see three hundred twelve birds.";
     let cfg = t.model().config().clone();
     check_model_blocks(
-        |u, l| Explanation::of_marian(&t, text, u, l),
+        |u, l| Explanation::of_model(t.model(), t.teacher_forcing(text)?, u, l),
         (cfg.encoder_layers, cfg.decoder_layers),
     );
-    let e = Explanation::of_marian(&t, text, AttentionUse::DecoderSelf, 0).unwrap();
+    let e = Explanation::of_model(
+        t.model(),
+        t.teacher_forcing(text).unwrap(),
+        AttentionUse::DecoderSelf,
+        0,
+    )
+    .unwrap();
     assert_eq!(e.example.source_tokens.last().unwrap(), "</s>");
     assert_eq!(Some(e.example.decoder_ids[0]), cfg.decoder_start_token_id);
     // The trace's logits are the model's forward pass.
@@ -280,24 +213,25 @@ fn marian_blocks_equal_its_forward_pass() {
 }
 
 #[test]
-fn bad_layers_heads_uses_and_texts_are_errors_that_say_what_is_valid() {
-    let t = shipped();
-    let err = Explanation::of_translator(&t, "seven", AttentionUse::EncoderSelf, 2)
+fn bad_layers_heads_and_uses_are_errors_that_say_what_is_valid() {
+    let t = MarianTranslator::from_dir(marian_dir(), &Device::Cpu).unwrap();
+    let example = || t.teacher_forcing("Is it forty-two?").unwrap();
+    let err = Explanation::of_model(t.model(), example(), AttentionUse::EncoderSelf, 2)
         .unwrap_err()
         .to_string();
     assert!(err.contains("layer 2") && err.contains("0..=1"), "{err}");
-    let e = Explanation::of_translator(&t, "seven", AttentionUse::EncoderSelf, 0).unwrap();
-    let err = e.steps.check_head(8).unwrap_err().to_string();
-    assert!(err.contains("head 8") && err.contains("0..=7"), "{err}");
+    let e = Explanation::of_model(t.model(), example(), AttentionUse::EncoderSelf, 0).unwrap();
+    let heads = e.steps.num_heads;
+    let err = e.steps.check_head(heads).unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("head {heads}")) && err.contains(&format!("0..={}", heads - 1)),
+        "{err}"
+    );
     let err = "sideways".parse::<AttentionUse>().unwrap_err().to_string();
     assert!(
         err.contains("encoder-self") && err.contains("decoder-self") && err.contains("cross"),
         "{err}"
     );
-    let err = Explanation::of_translator(&t, "fourty", AttentionUse::EncoderSelf, 0)
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("fourty"), "{err}");
 }
 
 #[test]
@@ -341,7 +275,13 @@ fn marian_steps_equal_transformers_attentions_and_hidden_states() {
     let mut compared = 0;
     for attention in AttentionUse::ALL {
         for layer in 0..2 {
-            let e = Explanation::of_marian(&t, text, attention, layer).unwrap();
+            let e = Explanation::of_model(
+                t.model(),
+                t.teacher_forcing(text).unwrap(),
+                attention,
+                layer,
+            )
+            .unwrap();
             assert_eq!(e.example.source_ids, ids("input_ids"));
             assert_eq!(e.example.decoder_ids, ids("decoder_input_ids"));
             let (weights, hidden) = match attention {

@@ -2,15 +2,13 @@
 //! same code `cargo fuzz` runs): every input a fuzzer ever crashed on
 //! (`fuzz/regressions/<target>/`, one file per finding, named after it) and every committed
 //! seed (`fuzz/seeds/<target>/`). A check panics on a finding, so a regression fails here.
+//! (The targets of the `attn` command's own parsers replay in
+//! `attn-cli/tests/fuzz_regressions.rs`.)
 
 #[path = "../fuzz/checks/load_weights.rs"]
 mod load_weights;
 #[path = "../fuzz/checks/masks.rs"]
 mod masks;
-#[path = "../fuzz/checks/run_inputs.rs"]
-mod run_inputs;
-#[path = "../fuzz/checks/tokenizer.rs"]
-mod tokenizer;
 
 use std::path::Path;
 
@@ -41,16 +39,6 @@ fn load_weights_inputs() {
 }
 
 #[test]
-fn run_inputs_inputs() {
-    assert!(replay("run_inputs", run_inputs::check) >= 20);
-}
-
-#[test]
 fn masks_inputs() {
     assert!(replay("masks", masks::check) >= 6);
-}
-
-#[test]
-fn tokenizer_inputs() {
-    assert!(replay("tokenizer", tokenizer::check) >= 20);
 }

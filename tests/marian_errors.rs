@@ -80,7 +80,7 @@ fn missing_tensors_are_named_with_what_exists() {
         .collect();
     drop(file);
     let refs: Vec<(&str, &Tensor)> = kept.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    candle_attention::torch_io::save_tensors(&refs, dir.path().join("model.safetensors")).unwrap();
+    candle_attention::save_tensors(&refs, dir.path().join("model.safetensors")).unwrap();
     let err = load_err(dir.path());
     assert!(
         err.contains("model.decoder.layers.1.fc1.weight") && err.contains("fc2"),

@@ -2,8 +2,9 @@
 //! whole prefix at every step, on a randomly initialised Seq2Seq model.
 
 use anyhow::Result;
+use attn_cli::number_translator::{Seq2Seq, Seq2SeqConfig};
 use candle::{DType, Tensor, D};
-use candle_attention::transformer::{Seq2Seq, Seq2SeqConfig, TransformerConfig};
+use candle_attention::transformer::TransformerConfig;
 use candle_nn::{VarBuilder, VarMap};
 use std::time::Instant;
 

@@ -3,10 +3,10 @@
 
 use anyhow::Context;
 use attn_cli::heatmap::steps::{save_steps, ColourScale, MatrixPanel};
+use attn_cli::number_translator::translator::Translator;
 use attn_cli::shipped;
 use candle_attention::explain::{AttentionUse, Explanation, RowStats};
 use candle_attention::marian::MarianTranslator;
-use candle_attention::translate::translator::Translator;
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -67,7 +67,7 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
             let translator =
                 shipped::translator(&device).context("loading the built-in translation model")?;
             (
-                Explanation::of_translator(&translator, &args.text, attention, args.layer)?,
+                explain_number_translator(&translator, &args.text, attention, args.layer)?,
                 "the shipped number translator".to_string(),
             )
         }
@@ -75,7 +75,7 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
             let translator = Translator::load(dir, &device)
                 .with_context(|| format!("loading the translation model in {}", dir.display()))?;
             (
-                Explanation::of_translator(&translator, &args.text, attention, args.layer)?,
+                explain_number_translator(&translator, &args.text, attention, args.layer)?,
                 format!("the number translator in {}", dir.display()),
             )
         }
@@ -83,7 +83,12 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
             let translator = MarianTranslator::from_dir(dir, &device)
                 .with_context(|| format!("loading the MarianMT model in {}", dir.display()))?;
             (
-                Explanation::of_marian(&translator, &args.text, attention, args.layer)?,
+                Explanation::of_model(
+                    translator.model(),
+                    translator.teacher_forcing(&args.text)?,
+                    attention,
+                    args.layer,
+                )?,
                 format!("MarianMT {}", dir.display()),
             )
         }
@@ -852,4 +857,17 @@ mod tests {
         assert_eq!(w, "one two\n  three\n  four\n  five six");
         assert_eq!(wrap("   lead kept", 80, 0), "   lead kept");
     }
+}
+
+/// Explains block `attention` of `layer` of the number translator on `text`. Errors when the
+/// text is not an English number the translator takes (the reason from its parser) or the
+/// layer does not exist.
+fn explain_number_translator(
+    translator: &Translator,
+    text: &str,
+    attention: AttentionUse,
+    layer: usize,
+) -> candle::Result<Explanation> {
+    let example = translator.teacher_forcing(text)?;
+    Explanation::of_model(translator.model(), example, attention, layer)
 }

@@ -36,9 +36,9 @@ use resvg::tiny_skia;
 use resvg::usvg;
 
 /// Cross-attention weights of one translation: the library's
-/// [`candle_attention::translate::translator::Attention`], which both the shipped translator
+/// [`crate::number_translator::translator::Attention`], which both the shipped translator
 /// and the MarianMT translator return.
-pub use candle_attention::translate::translator::Attention as AttentionMap;
+pub use candle_attention::explain::AttentionMap;
 
 /// Which heads to draw.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,10 +3,16 @@
 //!
 //! * [`heatmap`]: cross-attention heatmaps of a translation as SVG or PNG (resvg, with the
 //!   DejaVu Sans font embedded).
-//! * [`shipped`]: the trained translation model of `weights/`, embedded in the binary so an
-//!   installed `attn` needs no source tree.
+//! * [`number_translator`]: the English → German number translator (data, tokenizers,
+//!   model, training, translating), the command's own application of the library.
+//! * [`shipped`]: its trained model of `weights/`, embedded in the binary so an installed
+//!   `attn` needs no source tree.
+//! * [`torch_io`]: the edge of `attn run`: torch's layouts and masks of saved tensors in,
+//!   outputs out.
 
 #![warn(missing_docs)]
 
 pub mod heatmap;
+pub mod number_translator;
 pub mod shipped;
+pub mod torch_io;

@@ -178,7 +178,7 @@ pub struct ComputeArgs {
 
 /// Default of `--max-attention-memory`: the library's `DEFAULT_MAX_ATTENTION_BYTES` in GiB.
 pub const DEFAULT_MAX_ATTENTION_GIB: f64 =
-    candle_attention::torch_io::DEFAULT_MAX_ATTENTION_BYTES as f64 / (1u64 << 30) as f64;
+    attn_cli::torch_io::DEFAULT_MAX_ATTENTION_BYTES as f64 / (1u64 << 30) as f64;
 
 /// `--max-attention-memory` in bytes (`None` for 0: no limit).
 pub fn attention_limit(gib: f64) -> anyhow::Result<Option<u64>> {

@@ -5,7 +5,7 @@ use anyhow::Context;
 use candle::{DType, Device, Tensor};
 use candle_attention::generation::{generate_padded, GenerationConfig};
 use candle_attention::marian::MarianMTModel;
-use candle_attention::torch_io::save_tensors;
+use candle_attention::save_tensors;
 use candle_attention::TensorFile;
 use std::path::{Path, PathBuf};
 

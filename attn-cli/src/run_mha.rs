@@ -1,7 +1,8 @@
 //! `attn run mha`: torch.nn.MultiheadAttention on saved tensors.
 
 use anyhow::Context;
-use candle_attention::torch_io::{run_mha, save_tensors, TorchMhaInputs, TorchMhaOptions};
+use attn_cli::torch_io::{run_mha, TorchMhaInputs, TorchMhaOptions};
+use candle_attention::save_tensors;
 use candle_attention::weights::normalize_prefix;
 use candle_attention::{MhaWeightsInfo, MultiHeadAttention, MultiHeadAttentionConfig, TensorFile};
 use std::path::PathBuf;

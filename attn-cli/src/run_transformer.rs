@@ -1,7 +1,8 @@
 //! `attn run transformer`: torch.nn.Transformer on saved tensors.
 
 use anyhow::Context;
-use candle_attention::torch_io::{run_transformer, save_tensors, TorchTransformerInputs};
+use attn_cli::torch_io::{run_transformer, TorchTransformerInputs};
+use candle_attention::save_tensors;
 use candle_attention::transformer::{Activation, Transformer, TransformerConfig};
 use candle_attention::weights::normalize_prefix;
 use candle_attention::TensorFile;

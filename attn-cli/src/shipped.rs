@@ -3,8 +3,8 @@
 //! (`cargo install --path attn-cli`) translates without the source tree. `include_bytes!`
 //! tracks the files: editing `weights/` rebuilds the binary with the new model.
 
+use crate::number_translator::translator::Translator;
 use candle::Device;
-use candle_attention::translate::translator::Translator;
 use candle_attention::TensorFile;
 
 /// `weights/config.json`.

@@ -1,7 +1,7 @@
 //! `attn train`: trains the shipped English → German number translator.
 
 use anyhow::Context;
-use candle_attention::translate::train::{train, TrainConfig};
+use attn_cli::number_translator::train::{train, TrainConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 

@@ -2,9 +2,9 @@
 
 use anyhow::Context;
 use attn_cli::heatmap::{self, AttentionMap, Heads};
+use attn_cli::number_translator::translator::Translator;
 use attn_cli::shipped;
 use candle_attention::marian::MarianTranslator;
-use candle_attention::translate::translator::Translator;
 use std::io::BufRead;
 use std::path::PathBuf;
 

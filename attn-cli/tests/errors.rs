@@ -4,8 +4,8 @@
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
+use attn_cli::torch_io::TorchMhaInputs;
 use candle::{DType, Device, Tensor};
-use candle_attention::torch_io::TorchMhaInputs;
 use candle_attention::{
     scaled_dot_product_attention, AttentionArgs, Mask, MhaWeightsInfo, MultiHeadAttention,
     MultiHeadAttentionConfig, SdpaArgs, TensorFile,

@@ -215,7 +215,7 @@ fn bad_marian_input_is_a_clear_error() {
         let n = ids.len();
         let t = Tensor::from_vec(ids, (1, n), &Device::Cpu).unwrap();
         let path = tmp.path().join("bad.safetensors");
-        candle_attention::torch_io::save_tensors(
+        candle_attention::save_tensors(
             &[
                 ("input_ids", &t),
                 ("attention_mask", &t.ones_like().unwrap()),
@@ -241,7 +241,7 @@ fn bad_marian_input_is_a_clear_error() {
     // A missing input tensor is named.
     let path = tmp.path().join("partial.safetensors");
     let t = Tensor::new(&[[5i64, 0]], &Device::Cpu).unwrap();
-    candle_attention::torch_io::save_tensors(&[("input_ids", &t)], &path).unwrap();
+    candle_attention::save_tensors(&[("input_ids", &t)], &path).unwrap();
     let err = fails(&[
         "generate",
         "--model",

@@ -6,10 +6,10 @@
 //! Invariants: no panic, and the memory limit is honoured (an input that needs more than it
 //! for naive attention is refused, not allocated).
 
-use candle::{DType, Device};
-use candle_attention::torch_io::{
+use attn_cli::torch_io::{
     run_mha, run_transformer, TorchMhaInputs, TorchMhaOptions, TorchTransformerInputs,
 };
+use candle::{DType, Device};
 use candle_attention::transformer::{Transformer, TransformerConfig};
 use candle_attention::{MultiHeadAttention, MultiHeadAttentionConfig, TensorFile};
 use candle_nn::VarBuilder;

@@ -6,10 +6,10 @@
 //! canonical words; the tokenizer encodes every text the parser accepts; the translator
 //! answers every text with a translation or an error, one per input.
 
+use attn_cli::number_translator::numbers::{english, parse_english};
+use attn_cli::number_translator::translator::Translator;
+use attn_cli::number_translator::{EnglishTokenizer, GermanTokenizer, Vocab};
 use candle::Device;
-use candle_attention::translate::numbers::{english, parse_english};
-use candle_attention::translate::translator::Translator;
-use candle_attention::translate::{EnglishTokenizer, GermanTokenizer, Vocab};
 use std::sync::OnceLock;
 
 struct Fixture {

@@ -652,6 +652,24 @@ impl candle::InplaceOp1 for LogSoftmaxRows {
     }
 }
 
+/// The stacks and a traced pass over one text, for [`crate::explain::Explanation`].
+impl crate::explain::ExplainModel for MarianMTModel {
+    fn encoder(&self) -> &TransformerEncoder {
+        &self.encoder
+    }
+
+    fn decoder(&self) -> &TransformerDecoder {
+        &self.decoder
+    }
+
+    fn trace_ids(&self, source_ids: &[u32], decoder_ids: &[u32]) -> candle::Result<ModelTrace> {
+        let device = self.device();
+        let input = Tensor::new(source_ids, device)?.unsqueeze(0)?;
+        let dec = Tensor::new(decoder_ids, device)?.unsqueeze(0)?;
+        self.trace(&input, &input.ones_like()?, &dec)
+    }
+}
+
 /// One token per row in, `(rows, V)` next-token log-probabilities (`f32`) out.
 impl StepDecoder for MarianMTModel {
     type State = MarianDecodeState;

@@ -5,8 +5,8 @@
 
 use super::model::MarianMTModel;
 use super::tokenizer::MarianTokenizer;
+use crate::explain::{AttentionMap, TeacherForcing};
 use crate::generation::{generate, GenerationConfig};
-use crate::translate::translator::{Attention, TeacherForcing};
 use candle::{Device, Tensor};
 use std::path::Path;
 
@@ -166,7 +166,11 @@ impl MarianTranslator {
 
     /// Translates `text` and returns the encoder-decoder attention of decoder `layer` (default:
     /// the last) over the source pieces (`</s>` last), per head: what a heatmap draws.
-    pub fn cross_attention(&self, text: &str, layer: Option<usize>) -> candle::Result<Attention> {
+    pub fn cross_attention(
+        &self,
+        text: &str,
+        layer: Option<usize>,
+    ) -> candle::Result<AttentionMap> {
         let ids = self.encode(text)?;
         let device = self.model.device();
         let input = Tensor::new(ids.as_slice(), device)?.unsqueeze(0)?;
@@ -204,7 +208,7 @@ impl MarianTranslator {
             // by id then.
             source = ids.iter().map(|&id| label(id)).collect();
         }
-        Ok(Attention {
+        Ok(AttentionMap {
             source,
             output: generated.iter().map(|&id| label(id)).collect(),
             weights,

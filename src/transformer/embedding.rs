@@ -53,13 +53,27 @@ impl TokenEmbedding {
                 candle::bail!("token id {max} is out of range for a vocabulary of {vocab} tokens")
             }
         }
-        self.forward_unchecked(ids)
+        self.embed(ids)
     }
 
-    /// [`TokenEmbedding::forward`] for ids already known to be inside the table (checked on
-    /// the host by the caller): skips the range check, which reads the largest id back from
-    /// the device.
-    pub(crate) fn forward_unchecked(&self, ids: &Tensor) -> candle::Result<Tensor> {
+    /// [`TokenEmbedding::forward`] for ids on the host, `ids` `(B · T)` row-major as `(B, T)`:
+    /// checked against the table here (an error names the first id outside it), uploaded
+    /// once, embedded `(B, T, d_model)`. What a decoding step uses: the range check on the
+    /// device would read the largest id back from it.
+    pub fn forward_host_ids(&self, ids: &[u32], (b, t): (usize, usize)) -> candle::Result<Tensor> {
+        let vocab = self.vocab_size();
+        if ids.len() != b * t {
+            candle::bail!("{} token ids do not make a ({b}, {t}) batch", ids.len())
+        }
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+            candle::bail!("token id {bad} is out of range for a vocabulary of {vocab} tokens")
+        }
+        let ids = Tensor::from_slice(ids, (b, t), self.embedding.embeddings().device())?;
+        self.embed(&ids)
+    }
+
+    /// The lookup, scaled, for ids known to be inside the table.
+    fn embed(&self, ids: &Tensor) -> candle::Result<Tensor> {
         self.embedding.forward(ids)? * self.scale
     }
 }

@@ -11,11 +11,12 @@
 //! generator, so a config with `dropout > 0` is not bit-reproducible; the shipped model uses
 //! dropout 0 (the data has a million distinct pairs, so it does not over-fit).
 
+use super::model::{Seq2Seq, Seq2SeqConfig};
 use super::numbers::{german, numbers, Split};
 use super::tokenizer::{EnglishTokenizer, GermanTokenizer, BOS, EOS, PAD};
-use crate::transformer::{Seq2Seq, Seq2SeqConfig, TransformerConfig};
-use crate::weights::TensorFile;
 use candle::{DType, Device, Tensor, Var, D};
+use candle_attention::transformer::TransformerConfig;
+use candle_attention::TensorFile;
 use candle_nn::{VarBuilder, VarMap};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -450,7 +451,7 @@ impl Adam {
 
     /// Restores moments saved by [`Adam::save`] after `step` updates.
     pub fn load(&mut self, path: &Path, step: usize) -> candle::Result<()> {
-        let file = crate::weights::TensorFile::open(path)?;
+        let file = TensorFile::open(path)?;
         for (i, (name, var)) in self.vars.iter().enumerate() {
             let device = var.device();
             self.m[i] = file.load_as(&format!("m.{name}"), DType::F32, device)?;

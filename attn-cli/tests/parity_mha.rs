@@ -2,10 +2,11 @@
 //! (`tests/fixtures/make_fixtures.py` regenerates them), through the library (the `attn run mha`
 //! command's parity test is `attn-cli/tests/parity.rs`). Run with `--nocapture` to print the table of max abs errors.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
+use attn_cli::torch_io::{run_mha, TorchMhaInputs, TorchMhaOptions};
 use candle::Device;
-use candle_attention::torch_io::{run_mha, TorchMhaInputs, TorchMhaOptions};
 use candle_attention::{
     MhaLayout, MhaWeightsInfo, MultiHeadAttention, MultiHeadAttentionConfig, TensorFile,
 };
@@ -125,7 +126,7 @@ fn fixtures_cover_every_option() {
 fn shipped_demo_checkpoint_matches_torch() {
     use candle_attention::{AttentionArgs, Mask};
     let dev = Device::Cpu;
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("weights");
+    let root = common::repo_root().join("weights");
     let weights = TensorFile::open(root.join("mha_demo.safetensors")).unwrap();
     let io = TensorFile::open(root.join("mha_demo_io.safetensors")).unwrap();
     let mha = MultiHeadAttention::load(

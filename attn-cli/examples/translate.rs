@@ -5,11 +5,11 @@
 //! ```
 
 use anyhow::Result;
-use candle_attention::translate::translator::Translator;
+use attn_cli::number_translator::translator::Translator;
 
 fn main() -> Result<()> {
     let translator = Translator::load(
-        concat!(env!("CARGO_MANIFEST_DIR"), "/weights"),
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../weights"),
         &candle::Device::Cpu,
     )?;
     let args: Vec<String> = std::env::args().skip(1).collect();

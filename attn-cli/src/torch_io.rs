@@ -6,14 +6,10 @@
 //! (`safetensors.torch.save_file`) runs through [`MultiHeadAttention`] exactly as torch would
 //! run it. This is what `attn run mha` and `attn run transformer` do.
 
-use crate::mask::{AttentionShape, Mask};
-use crate::mha::{AttentionArgs, MultiHeadAttention};
-use crate::sdpa::{naive_attention_bytes, uses_memory_efficient_kernel};
-use crate::transformer::{Transformer, TransformerMasks};
-use crate::weights::TensorFile;
 use candle::{DType, Device, Tensor};
-use std::collections::HashMap;
-use std::path::Path;
+use candle_attention::sdpa::{naive_attention_bytes, uses_memory_efficient_kernel};
+use candle_attention::transformer::{Transformer, TransformerMasks};
+use candle_attention::{AttentionArgs, AttentionShape, Mask, MultiHeadAttention, TensorFile};
 
 /// The tensor names of an `attn run mha` input file.
 pub const MHA_INPUT_NAMES: [&str; 5] = ["query", "key", "value", "attn_mask", "key_padding_mask"];
@@ -121,7 +117,7 @@ pub struct TorchMhaOptions {
     pub average_weights: bool,
     /// Refuse the call when attention would take the naive path (weights requested) and its
     /// scores would need more than this many bytes
-    /// ([`crate::sdpa::naive_attention_bytes`]). `None`: no limit. The memory-efficient
+    /// ([`naive_attention_bytes`]). `None`: no limit. The memory-efficient
     /// kernel is never limited: its memory grows linearly with the sequence lengths.
     pub max_attention_bytes: Option<u64>,
 }
@@ -264,17 +260,6 @@ pub fn run_mha(
     })
 }
 
-/// Writes tensors to a safetensors file (contiguous copies, names as given).
-pub fn save_tensors(tensors: &[(&str, &Tensor)], path: impl AsRef<Path>) -> candle::Result<()> {
-    let map: HashMap<String, Tensor> = tensors
-        .iter()
-        .map(|(n, t)| Ok((n.to_string(), t.contiguous()?)))
-        .collect::<candle::Result<_>>()?;
-    let path = path.as_ref();
-    candle::safetensors::save(&map, path)
-        .map_err(|e| candle::Error::Msg(format!("cannot write {}: {e}", path.display())))
-}
-
 /// The inputs of one `nn.Transformer.forward` call, in torch's layout.
 #[derive(Clone, Debug)]
 pub struct TorchTransformerInputs {
@@ -326,7 +311,7 @@ impl TorchTransformerInputs {
 /// `max_attention_bytes` is the limit of [`TorchMhaOptions::max_attention_bytes`], checked
 /// for the encoder, decoder and cross attention. The Transformer requests no attention
 /// weights, so its attention takes a memory-efficient kernel on every device (tiled on the CPU,
-/// [`crate::sdpa::blocked`] elsewhere) and the limit does not bind.
+/// the blocked kernel elsewhere) and the limit does not bind.
 pub fn run_transformer(
     model: &Transformer,
     inputs: &TorchTransformerInputs,

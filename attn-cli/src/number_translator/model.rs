@@ -2,16 +2,16 @@
 //! sinusoidal positions feed a [`Transformer`]; a linear layer (optionally tied to the target
 //! embedding) maps the decoder output to the vocabulary.
 
-use super::config::TransformerConfig;
-use super::decoder::{DecoderCache, DecoderMasks};
-use super::embedding::{sinusoidal_positions, TokenEmbedding};
-use super::encoder::EncoderMasks;
-use super::feed_forward::dropout;
-use super::model::Transformer;
-use super::trace::ModelTrace;
-use crate::generation::{generate_hypotheses, GenerationConfig, Hypothesis};
-use crate::mask::Mask;
 use candle::{DType, Module, Tensor};
+use candle_attention::explain::ExplainModel;
+use candle_attention::generation::{
+    generate_hypotheses, GenerationConfig, Hypothesis, StepDecoder,
+};
+use candle_attention::transformer::{
+    sinusoidal_positions, DecoderCache, DecoderMasks, EncoderMasks, ModelTrace, TokenEmbedding,
+    Transformer, TransformerConfig, TransformerDecoder, TransformerEncoder,
+};
+use candle_attention::Mask;
 use candle_nn::{Linear, VarBuilder};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -357,18 +357,19 @@ impl Seq2Seq {
     /// prefix. Each step costs time proportional to the prefix length (the KV cache holds the
     /// earlier keys and values; the encoder memory is projected once).
     pub fn step(&self, state: &mut DecodeState, tgt: &Tensor) -> candle::Result<Tensor> {
-        self.step_ids(state, tgt, false)
+        Self::check_ids("target ids", tgt)?;
+        let embedded = self.tgt_embed.forward(tgt)?;
+        self.step_embedded(state, tgt, embedded)
     }
 
-    /// [`Seq2Seq::step`]; `ids_checked`: the caller has checked on the host that every id is
-    /// inside the target vocabulary, so the device is not asked for the largest one.
-    fn step_ids(
+    /// [`Seq2Seq::step`] with the target ids `tgt` `(rows, T)` already embedded
+    /// (`(rows, T, d_model)`, unscaled positions not yet added).
+    fn step_embedded(
         &self,
         state: &mut DecodeState,
         tgt: &Tensor,
-        ids_checked: bool,
+        tokens: Tensor,
     ) -> candle::Result<Tensor> {
-        Self::check_ids("target ids", tgt)?;
         if tgt.dim(0)? != state.rows() {
             candle::bail!(
                 "step got {} rows of target ids but the state has {}",
@@ -384,11 +385,6 @@ impl Seq2Seq {
         let tgt_padding = match &state.tgt_padding {
             Some(p) => Tensor::cat(&[p, &new_padding], 1)?,
             None => new_padding,
-        };
-        let tokens = if ids_checked {
-            self.tgt_embed.forward_unchecked(tgt)?
-        } else {
-            self.tgt_embed.forward(tgt)?
         };
         let (_, t, d) = tokens.dims3()?;
         let have = state
@@ -429,19 +425,16 @@ impl Seq2Seq {
     }
 }
 
-/// Generation ([`crate::generation`]) drives the model through the KV cache: each step feeds
-/// one token per row and returns the log-softmax of the next-token logits.
-impl crate::generation::StepDecoder for Seq2Seq {
+/// Generation (`candle_attention::generation`) drives the model through the KV cache: each
+/// step feeds one token per row and returns the log-softmax of the next-token logits.
+impl StepDecoder for Seq2Seq {
     type State = DecodeState;
 
     fn step(&self, state: &mut DecodeState, tokens: &[u32]) -> candle::Result<Tensor> {
-        let vocab = self.cfg.tgt_vocab_size;
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            candle::bail!("token id {bad} is out of range for a vocabulary of {vocab} tokens")
-        }
-        // The only upload of a step: the tokens just chosen.
+        // The only upload of a step: the tokens just chosen, checked on the host.
+        let embedded = self.tgt_embed.forward_host_ids(tokens, (tokens.len(), 1))?;
         let ids = Tensor::from_slice(tokens, (tokens.len(), 1), state.memory.device())?;
-        let logits = self.step_ids(state, &ids, true)?.squeeze(1)?;
+        let logits = self.step_embedded(state, &ids, embedded)?.squeeze(1)?;
         candle_nn::ops::log_softmax(&logits.to_dtype(DType::F32)?, candle::D::Minus1)
     }
 
@@ -495,5 +488,32 @@ impl Seq2Seq {
                     .ok_or_else(|| candle::Error::Msg("generation returned no hypothesis".into()))
             })
             .collect()
+    }
+}
+
+/// The stacks and a traced pass over one text, for `candle_attention::explain::Explanation`.
+impl ExplainModel for Seq2Seq {
+    fn encoder(&self) -> &TransformerEncoder {
+        self.transformer.encoder()
+    }
+
+    fn decoder(&self) -> &TransformerDecoder {
+        self.transformer.decoder()
+    }
+
+    fn trace_ids(&self, source_ids: &[u32], decoder_ids: &[u32]) -> candle::Result<ModelTrace> {
+        let device = self.output.weight().device();
+        let src = Tensor::new(source_ids, device)?.unsqueeze(0)?;
+        let tgt = Tensor::new(decoder_ids, device)?.unsqueeze(0)?;
+        self.trace(&src, &tgt)
+    }
+}
+
+/// Dropout with probability `p` when `train`, identity otherwise.
+fn dropout(xs: &Tensor, p: f32, train: bool) -> candle::Result<Tensor> {
+    if train && p > 0.0 {
+        candle_nn::ops::dropout(xs, p)
+    } else {
+        Ok(xs.clone())
     }
 }

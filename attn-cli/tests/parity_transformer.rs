@@ -4,10 +4,11 @@
 //! nested-tensor "fast path" was disabled and fenced off), so padded positions are compared
 //! too. `--nocapture` prints the table of max abs errors.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
+use attn_cli::torch_io::{run_transformer, TorchTransformerInputs};
 use candle::{DType, Device};
-use candle_attention::torch_io::{run_transformer, TorchTransformerInputs};
 use candle_attention::transformer::{Transformer, TransformerConfig};
 use candle_attention::TensorFile;
 use common::{compare, transformer_cases, transformer_expected_output, TransformerCase};

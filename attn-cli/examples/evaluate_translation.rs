@@ -6,9 +6,9 @@
 //! ```
 
 use anyhow::{Context, Result};
-use candle_attention::translate::metrics::{chrf, exact_match};
-use candle_attention::translate::translator::Translator;
-use candle_attention::translate::{english, german, numbers, Split};
+use attn_cli::number_translator::metrics::{chrf, exact_match};
+use attn_cli::number_translator::translator::Translator;
+use attn_cli::number_translator::{english, german, numbers, Split};
 use std::time::Instant;
 
 fn main() -> Result<()> {
@@ -21,7 +21,7 @@ fn main() -> Result<()> {
         .first()
         .filter(|a| !a.starts_with("--"))
         .cloned()
-        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/weights").to_string());
+        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../weights").to_string());
     let translator = Translator::load(&dir, &candle::Device::Cpu)?;
     let held: Vec<u32> = numbers(Split::HeldOut).collect();
     let sources: Vec<String> = held

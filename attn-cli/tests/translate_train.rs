@@ -1,9 +1,9 @@
 //! A few training steps of a tiny configuration: the loss falls, checkpoints resume exactly,
 //! and the written model directory loads and translates (whatever it has learnt by then).
 
+use attn_cli::number_translator::train::{train, TrainConfig};
+use attn_cli::number_translator::translator::Translator;
 use candle::Device;
-use candle_attention::translate::train::{train, TrainConfig};
-use candle_attention::translate::translator::Translator;
 use candle_attention::TensorFile;
 
 fn tiny(steps: usize) -> TrainConfig {

@@ -1,11 +1,12 @@
 //! Loading a trained model directory and translating with it.
 
+use super::model::{Seq2Seq, Seq2SeqConfig};
 use super::numbers::parse_english;
 use super::tokenizer::{EnglishTokenizer, GermanTokenizer, Vocab, BOS};
 use super::train::ModelFiles;
-use crate::transformer::{Seq2Seq, Seq2SeqConfig};
-use crate::weights::TensorFile;
 use candle::{DType, Device, Tensor};
+use candle_attention::explain::{AttentionMap, TeacherForcing};
+use candle_attention::TensorFile;
 use std::path::Path;
 
 /// The longest output the search may produce, in German morphemes (the longest translation of
@@ -21,46 +22,6 @@ pub struct Translator {
     english: EnglishTokenizer,
     german: GermanTokenizer,
     device: Device,
-}
-
-/// Where one translation looked: tokens and the cross-attention weights of one decoder layer
-/// (what the heatmaps draw). Returned by [`Translator::attention`] and by
-/// [`crate::marian::MarianTranslator::cross_attention`].
-#[derive(Clone, Debug, PartialEq)]
-pub struct Attention {
-    /// Source tokens (columns): the normalised English words for the shipped translator, the
-    /// sentencepiece pieces (`</s>` last) for MarianMT.
-    pub source: Vec<String>,
-    /// Output tokens (rows): German morphemes or target pieces, ending with `</s>` when the
-    /// model stopped.
-    pub output: Vec<String>,
-    /// `weights[head][output][source]`, each row a distribution over the source tokens (sums to
-    /// ~1; all zeros for a fully masked row).
-    pub weights: Vec<Vec<Vec<f32>>>,
-    /// The layer (0-based).
-    pub layer: usize,
-    /// Decoder layers in the model.
-    pub num_layers: usize,
-}
-
-/// One text and the model's own greedy translation of it, as ids and token labels: what a
-/// teacher-forced pass feeds the model to show its attention on a real sentence
-/// (`crate::explain`). Returned by [`Translator::teacher_forcing`] and by
-/// [`crate::marian::MarianTranslator::teacher_forcing`].
-#[derive(Clone, Debug, PartialEq)]
-pub struct TeacherForcing {
-    /// The encoder input ids `(S)`, as the model reads the text.
-    pub source_ids: Vec<u32>,
-    /// One label per source id: the normalised English words for the shipped translator, the
-    /// sentencepiece pieces (`</s>` last) for MarianMT.
-    pub source_tokens: Vec<String>,
-    /// The decoder input ids `(T)`: the start token, then the greedy translation without its
-    /// end token. Position `t` reads `decoder_ids[t]` and predicts the token after it.
-    pub decoder_ids: Vec<u32>,
-    /// One label per decoder input id (`<bos>`, or `<pad>` as Marian's start token, first).
-    pub decoder_tokens: Vec<String>,
-    /// The translation as text.
-    pub translation: String,
 }
 
 impl Translator {
@@ -212,7 +173,7 @@ impl Translator {
         text: &str,
         layer: Option<usize>,
         beam: usize,
-    ) -> candle::Result<Attention> {
+    ) -> candle::Result<AttentionMap> {
         let src_ids = self.encode(text)?;
         let src = pad_rows(&[&src_ids], self.model.config().pad_id, &self.device)?;
         let hyp = self
@@ -240,7 +201,7 @@ impl Translator {
         })?;
         let weights: Vec<Vec<Vec<f32>>> = weights.squeeze(0)?.to_dtype(DType::F32)?.to_vec3()?;
         let source = self.english.tokens(text)?;
-        Ok(Attention {
+        Ok(AttentionMap {
             source,
             output,
             weights,

@@ -5,19 +5,19 @@
 use std::collections::BTreeSet;
 use std::sync::OnceLock;
 
-use candle_attention::translate::numbers::{
+use attn_cli::number_translator::numbers::{
     fmix32, GERMAN_MORPHEMES, HELD_OUT_MODULUS, SPLIT_SEED,
 };
-use candle_attention::translate::tokenizer::{
+use attn_cli::number_translator::tokenizer::{
     ENGLISH_TOKENS, MAX_ENGLISH_TOKENS, MAX_GERMAN_TOKENS, SPECIAL_TOKENS,
 };
-use candle_attention::translate::{
+use attn_cli::number_translator::{
     english, english_american, german, german_morphemes, numbers, parse_english, split,
     EnglishTokenizer, GermanTokenizer, Split, Vocab, BOS, EOS, HELD_OUT_COUNT, MAX, PAD, UNK,
 };
 use proptest::prelude::*;
 
-const SAMPLE: &str = include_str!("fixtures/num2words/sample.tsv");
+const SAMPLE: &str = include_str!("../../tests/fixtures/num2words/sample.tsv");
 
 fn en_tok() -> &'static EnglishTokenizer {
     static TOK: OnceLock<EnglishTokenizer> = OnceLock::new();

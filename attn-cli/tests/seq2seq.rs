@@ -1,11 +1,13 @@
 //! The token-level model: incremental decoding equals the full pass, configs round-trip through
 //! JSON, and training through autograd reaches every parameter.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 use common::max_abs_diff;
 
+use attn_cli::number_translator::{Seq2Seq, Seq2SeqConfig};
 use candle::{DType, Device, Tensor, D};
-use candle_attention::transformer::{Activation, Seq2Seq, Seq2SeqConfig, TransformerConfig};
+use candle_attention::transformer::{Activation, TransformerConfig};
 use candle_nn::{Optimizer, VarBuilder, VarMap};
 use proptest::prelude::*;
 

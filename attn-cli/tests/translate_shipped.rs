@@ -3,12 +3,12 @@
 //! broken model cannot land. Also the American form, the batch API, and the
 //! errors a user gets for input the model must not guess at.
 
+use attn_cli::number_translator::numbers::{english, english_american, german, numbers, Split};
+use attn_cli::number_translator::translator::Translator;
 use candle::Device;
-use candle_attention::translate::numbers::{english, english_american, german, numbers, Split};
-use candle_attention::translate::translator::Translator;
 
 fn weights() -> &'static str {
-    concat!(env!("CARGO_MANIFEST_DIR"), "/weights")
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../weights")
 }
 
 fn translator() -> Translator {

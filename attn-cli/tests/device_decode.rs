@@ -4,10 +4,12 @@
 //! CPU kernels take `f32`, `f16`, `bf16`), so one test runs the path GPUs take, reading the
 //! KV cache's buffer views in place, even without a GPU.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
+use attn_cli::number_translator::{Seq2Seq, Seq2SeqConfig};
 use candle::{DType, Device, Tensor};
-use candle_attention::transformer::{Seq2Seq, Seq2SeqConfig, TransformerConfig};
+use candle_attention::transformer::TransformerConfig;
 use candle_attention::{
     AttentionArgs, CachedAttentionArgs, KvCache, Mask, MultiHeadAttention, MultiHeadAttentionConfig,
 };
