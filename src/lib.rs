@@ -55,14 +55,15 @@ pub mod device;
 pub mod explain;
 pub mod generation;
 pub mod kv_cache;
-pub mod marian;
 mod mask;
 pub mod mha;
+pub mod models;
 pub mod projection;
 pub mod sdpa;
 mod simd;
 #[doc(hidden)]
 pub mod testing;
+pub mod tokenizers;
 pub mod transformer;
 pub mod weights;
 
@@ -71,6 +72,7 @@ pub use generation::{GenerationConfig, StepDecoder};
 pub use kv_cache::{CachedAttentionArgs, CrossAttentionCache, KvCache};
 pub use mask::{AttentionShape, Mask};
 pub use mha::{AttentionArgs, MultiHeadAttention, MultiHeadAttentionConfig};
+pub use models::marian;
 pub use projection::Projection;
 pub use sdpa::{scaled_dot_product_attention, AttentionOutput, SdpaArgs};
 pub use weights::{save_tensors, MhaLayout, MhaWeightsInfo, TensorFile};

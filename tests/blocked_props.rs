@@ -116,7 +116,7 @@ fn blocked_on(dev: &Device, q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, c: 
         k.to_device(dev).unwrap(),
         v.to_device(dev).unwrap(),
     );
-    let parts = decompose(&mask, c.shape(), dev).unwrap();
+    let parts = decompose(mask, c.shape(), dev).unwrap();
     blocked::attention_with(&q, &k, &v, &parts, c.scale(), &c.cfg())
         .unwrap()
         .to_device(&Device::Cpu)

@@ -2,8 +2,8 @@
 //! sentencepiece 0.2.3: fixtures written by `tests/fixtures/make_marian_tokenizer_fixtures.py`
 //! (three tokenizer directories: en-de, multilingual, separate vocabularies).
 
-use candle_attention::marian::tokenizer::SentencePieceModel;
 use candle_attention::marian::MarianTokenizer;
+use candle_attention::tokenizers::SentencePieceModel;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 

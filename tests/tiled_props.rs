@@ -129,7 +129,7 @@ fn parts(mask: &Mask, q: &Tensor, k: &Tensor) -> MaskParts {
         q_len: l,
         k_len: k.dim(2).unwrap(),
     };
-    decompose(&mask, shape, &Device::Cpu).unwrap()
+    decompose(mask, shape, &Device::Cpu).unwrap()
 }
 
 fn scale_of(c: &Case) -> f64 {

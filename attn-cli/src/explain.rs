@@ -822,6 +822,19 @@ fn draw(e: &Explanation, head: usize, path: &Path, ext: &str) -> anyhow::Result<
     Ok(())
 }
 
+/// Explains block `attention` of `layer` of the number translator on `text`. Errors when the
+/// text is not an English number the translator takes (the reason from its parser) or the
+/// layer does not exist.
+fn explain_number_translator(
+    translator: &Translator,
+    text: &str,
+    attention: AttentionUse,
+    layer: usize,
+) -> candle::Result<Explanation> {
+    let example = translator.teacher_forcing(text)?;
+    Explanation::of_model(translator.model(), example, attention, layer)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -857,17 +870,4 @@ mod tests {
         assert_eq!(w, "one two\n  three\n  four\n  five six");
         assert_eq!(wrap("   lead kept", 80, 0), "   lead kept");
     }
-}
-
-/// Explains block `attention` of `layer` of the number translator on `text`. Errors when the
-/// text is not an English number the translator takes (the reason from its parser) or the
-/// layer does not exist.
-fn explain_number_translator(
-    translator: &Translator,
-    text: &str,
-    attention: AttentionUse,
-    layer: usize,
-) -> candle::Result<Explanation> {
-    let example = translator.teacher_forcing(text)?;
-    Explanation::of_model(translator.model(), example, attention, layer)
 }

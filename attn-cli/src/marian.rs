@@ -92,7 +92,8 @@ pub fn run(args: &RunMarianArgs) -> anyhow::Result<()> {
 
 /// `attn inspect DIR`: a MarianMT directory's config, weights and parameter count.
 pub fn inspect_dir(dir: &Path, json: bool) -> anyhow::Result<()> {
-    use candle_attention::marian::{MarianConfig, MarianWeights};
+    use candle_attention::marian::MarianConfig;
+    use candle_attention::models::checkpoint::Checkpoint;
     let config_path = dir.join("config.json");
     if !config_path.is_file() {
         anyhow::bail!(
@@ -101,7 +102,7 @@ pub fn inspect_dir(dir: &Path, json: bool) -> anyhow::Result<()> {
         )
     }
     let cfg = MarianConfig::load(&config_path)?;
-    let weights = MarianWeights::open_dir(dir)?;
+    let weights = Checkpoint::open_dir(dir)?;
     let parameters = weights.parameter_count();
     let stored = weights
         .stored_dtype()

@@ -75,11 +75,12 @@ impl std::str::FromStr for Activation {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LayerNaming {
-    /// `self_attn`, `multihead_attn`, `linear1`, `linear2`, `norm1`, `norm2` (`norm3`).
+    /// `self_attn`, `multihead_attn`, `linear1`, `linear2`, `norm1`, `norm2` (`norm3`); a
+    /// stack's own norm is `norm`.
     #[default]
     Torch,
     /// `self_attn`, `encoder_attn`, `fc1`, `fc2`, `self_attn_layer_norm`,
-    /// `encoder_attn_layer_norm`, `final_layer_norm`.
+    /// `encoder_attn_layer_norm`, `final_layer_norm`; a stack's own norm is `layer_norm`.
     HuggingFace,
 }
 
@@ -122,6 +123,15 @@ impl LayerNaming {
             (Self::Torch, false) => "norm2",
             (Self::Torch, true) => "norm3",
             (Self::HuggingFace, _) => "final_layer_norm",
+        }
+    }
+
+    /// The norm at the end of a stack (torch's `nn.TransformerEncoder(norm=...)`, the BART
+    /// family's pre-norm models).
+    pub fn stack_norm(self) -> &'static str {
+        match self {
+            Self::Torch => "norm",
+            Self::HuggingFace => "layer_norm",
         }
     }
 }

@@ -149,10 +149,10 @@ pub struct TransformerEncoder {
 }
 
 impl TransformerEncoder {
-    /// Loads `cfg.num_encoder_layers` layers under `vb`, and the final norm `norm.*` when the
-    /// weights have one.
+    /// Loads `cfg.num_encoder_layers` layers under `vb`, and the final norm (`norm.*`, or
+    /// `layer_norm.*` with Hugging Face names) when the weights have one.
     pub fn load(cfg: &TransformerConfig, vb: VarBuilder) -> candle::Result<Self> {
-        let final_norm = vb.contains_tensor("norm.weight");
+        let final_norm = vb.contains_tensor(&format!("{}.weight", cfg.naming.stack_norm()));
         Self::from_source(cfg, &WeightSource::load(vb), final_norm)
     }
 
@@ -162,7 +162,7 @@ impl TransformerEncoder {
     }
 
     /// `cfg.num_encoder_layers` layers (`layers.{i}`) and, when `final_norm`, the final norm
-    /// `norm.*`, from `source` (under its prefix).
+    /// (`norm.*`, or `layer_norm.*` with Hugging Face names), from `source` (under its prefix).
     pub fn from_source(
         cfg: &TransformerConfig,
         source: &WeightSource,
@@ -173,7 +173,10 @@ impl TransformerEncoder {
             .collect::<candle::Result<_>>()?;
         let vb = source.var_builder();
         let norm = final_norm
-            .then(|| LayerNorm::new(cfg.d_model, cfg.layer_norm_eps, cfg.bias, vb.pp("norm")))
+            .then(|| {
+                let name = cfg.naming.stack_norm();
+                LayerNorm::new(cfg.d_model, cfg.layer_norm_eps, cfg.bias, vb.pp(name))
+            })
             .transpose()?;
         Ok(Self { layers, norm })
     }

@@ -1,4 +1,4 @@
-//! Reading a MarianMT tokenizer directory's JSON files: `vocab.json` (in file order, as Python's
+//! Reading a tokenizer directory's JSON files: `vocab.json` (in file order, as Python's
 //! `json.load` keeps it), `tokenizer_config.json` and the legacy `special_tokens_map.json`.
 
 use candle::{Error, Result};

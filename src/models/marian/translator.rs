@@ -4,9 +4,9 @@
 //! `tokenizer.batch_decode(out, skip_special_tokens=True)`.
 
 use super::model::MarianMTModel;
-use super::tokenizer::MarianTokenizer;
 use crate::explain::{AttentionMap, TeacherForcing};
 use crate::generation::{generate, GenerationConfig};
+use crate::tokenizers::MarianTokenizer;
 use candle::{Device, Tensor};
 use std::path::Path;
 

@@ -1,4 +1,4 @@
-//! Where a MarianMT directory keeps its weights: `model.safetensors` (read through
+//! Where a Hugging Face model directory keeps its weights: `model.safetensors` (read through
 //! [`TensorFile`]) or `pytorch_model.bin` (a torch pickle, read through candle's `PthTensors`),
 //! behind one [`VarBuilder`] whose errors name the missing tensor and the ones that exist.
 
@@ -9,12 +9,12 @@ use candle_nn::var_builder::SimpleBackend;
 use candle_nn::VarBuilder;
 use std::path::{Path, PathBuf};
 
-/// The weight files a MarianMT directory may hold, in the order they are tried.
+/// The weight files a model directory may hold, in the order they are tried.
 pub const WEIGHT_FILES: [&str; 2] = ["model.safetensors", "pytorch_model.bin"];
 
-/// The state dict of a MarianMT checkpoint, from either file format.
+/// The state dict of a model checkpoint, from either file format.
 #[derive(Clone)]
-pub enum MarianWeights {
+pub enum Checkpoint {
     /// `model.safetensors` (memory-mapped; its `f32` weights can stay in place, see
     /// [`crate::weights::WeightSource::in_place`]).
     Safetensors(TensorFile),
@@ -22,7 +22,7 @@ pub enum MarianWeights {
     Pth(std::sync::Arc<PthTensors>, PathBuf),
 }
 
-impl MarianWeights {
+impl Checkpoint {
     /// Opens `model.safetensors` or, failing that, `pytorch_model.bin` in `dir`. The error
     /// for a directory with neither lists the files it has.
     pub fn open_dir(dir: &Path) -> candle::Result<Self> {
@@ -36,8 +36,8 @@ impl MarianWeights {
             || dir.join("pytorch_model.bin.index.json").is_file()
         {
             candle::bail!(
-                "{}: sharded checkpoints (*.index.json) are not supported; MarianMT models fit in \
-                 one file: save the model with save_pretrained(max_shard_size=\"10GB\")",
+                "{}: sharded checkpoints (*.index.json) are not supported; save the model as one \
+                 file with save_pretrained(max_shard_size=\"100GB\")",
                 dir.display()
             )
         }
@@ -168,7 +168,7 @@ impl MarianWeights {
 }
 
 /// Only the torch pickle goes through this backend; safetensors uses [`TensorFile`]'s own.
-impl SimpleBackend for MarianWeights {
+impl SimpleBackend for Checkpoint {
     fn get(
         &self,
         s: Shape,

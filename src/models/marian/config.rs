@@ -1,6 +1,7 @@
 //! `config.json` of a Hugging Face MarianMT directory, read as transformers' `MarianConfig`
 //! reads it (same field names, same defaults).
 
+use crate::models::encoder_decoder::{EncoderDecoderSpec, Positions};
 use crate::transformer::{Activation, LayerNaming, TransformerConfig};
 use serde::Deserialize;
 use std::path::Path;
@@ -239,6 +240,31 @@ impl MarianConfig {
             self.decoder_ffn_dim,
             self.decoder_layers,
         )
+    }
+
+    /// The shared encoder-decoder this config describes: post-norm stacks without final
+    /// norms, Marian's sinusoidal positions, embeddings scaled by `sqrt(d_model)` when
+    /// `scale_embedding`. Checks the config first ([`MarianConfig::validate`]).
+    pub fn spec(&self) -> candle::Result<EncoderDecoderSpec> {
+        self.validate()?;
+        Ok(EncoderDecoderSpec {
+            d_model: self.d_model,
+            vocab_size: self.vocab_size,
+            target_vocab_size: self.target_vocab_size(),
+            max_position_embeddings: self.max_position_embeddings,
+            encoder: self.encoder_config()?,
+            decoder: self.decoder_config()?,
+            embed_scale: if self.scale_embedding {
+                (self.d_model as f64).sqrt()
+            } else {
+                1.0
+            },
+            positions: Positions::MarianSinusoidal,
+            shared_embeddings: self.share_encoder_decoder_embeddings,
+            tie_word_embeddings: self.tie_word_embeddings,
+            final_norms: false,
+            family: "MarianMT",
+        })
     }
 }
 

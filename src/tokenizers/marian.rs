@@ -14,22 +14,10 @@
 //! Checked against transformers 5.24.0 and sentencepiece 0.2.3 on the fixtures written by
 //! `tests/fixtures/make_marian_tokenizer_fixtures.py`.
 
-mod added_tokens;
-mod config;
-mod darts;
-mod normalizer;
-mod processor;
-pub mod spm_model;
-mod unigram;
-
-pub use config::TokenizerConfig;
-pub use processor::SentencePieceModel;
-pub use spm_model::PieceType;
-
-use added_tokens::AddedTokenTrie;
+use super::added_tokens::AddedTokenTrie;
+use super::files::{TokenizerConfig, Vocab};
+use super::sentencepiece::{SentencePieceModel, SPACE_SYMBOL};
 use candle::{Device, Error, Result, Tensor};
-use config::Vocab;
-use normalizer::SPACE_SYMBOL;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 

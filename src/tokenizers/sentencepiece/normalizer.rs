@@ -9,7 +9,7 @@
 //! the model treats whitespace as a suffix).
 
 use super::darts::DoubleArray;
-use super::spm_model::NormalizerSpec;
+use super::model_proto::NormalizerSpec;
 use candle::{Error, Result};
 
 /// The whitespace symbol U+2581.

@@ -1,25 +1,113 @@
-//! `MarianMTModel` on this crate's layers: our [`TransformerEncoder`] and [`TransformerDecoder`]
-//! (post-norm, Hugging Face names), our [`MultiHeadAttention`](crate::MultiHeadAttention) and KV
-//! caches, Marian's embeddings and sinusoidal positions, and the tied output projection with
-//! `final_logits_bias`.
+//! The encoder-decoder of the Hugging Face BART family (MarianMT today; M2M100 / NLLB-200 and
+//! mBART share it), on this crate's layers: our [`TransformerEncoder`] and
+//! [`TransformerDecoder`] (post- or pre-norm, Hugging Face names), our
+//! [`MultiHeadAttention`](crate::MultiHeadAttention) and KV caches, token embeddings (scaled),
+//! positions, optional embedding and final layer norms, and the output projection (tied or not,
+//! with `final_logits_bias` when the family has one).
 //!
-//! The numbers follow transformers' `modeling_marian.py`: token embeddings times
-//! `sqrt(d_model)` when `scale_embedding`, plus positions (sin in the first half of the features,
-//! cos in the second, computed in f64 and rounded to f32), six post-norm layers each side, no
-//! final norm, `logits = h · Eᵀ + final_logits_bias`.
+//! A family is a configuration of this model: its `config.json` becomes an
+//! [`EncoderDecoderSpec`] (sizes, norm placement, positions, embedding scale, which tensors
+//! exist) and its state dict's names a [`WeightNames`] map. Everything else — loading in place
+//! from a mapped file, the encoder and decoder passes, step-by-step decoding through the KV
+//! caches ([`StepDecoder`], so [`crate::generation`] serves every family), traces for
+//! [`crate::explain`] — is written once, here.
+//!
+//! The numbers follow transformers' `modeling_marian.py` (and its copies): token embeddings
+//! times `sqrt(d_model)` when `scale_embedding`, plus positions, the layers, the final norms
+//! where the family has them, `logits = h · Eᵀ + final_logits_bias`.
 
-use super::config::MarianConfig;
-use super::weights::{list_dir, MarianWeights};
+use super::checkpoint::Checkpoint;
 use crate::generation::StepDecoder;
 use crate::mask::Mask;
 use crate::projection::Projection;
 use crate::simd::rows::log_softmax_in_place;
 use crate::transformer::{
-    DecoderCache, DecoderMasks, EncoderMasks, ModelTrace, TransformerDecoder, TransformerEncoder,
+    DecoderCache, DecoderMasks, EncoderMasks, ModelTrace, TransformerConfig, TransformerDecoder,
+    TransformerEncoder,
 };
 use crate::weights::{MappedMatrix, WeightMatrix, WeightSource};
 use candle::{DType, Device, Module, Tensor, D};
-use std::path::Path;
+
+/// How a family encodes positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Positions {
+    /// Marian's sinusoidal table (not stored): for feature `j` the angle is
+    /// `pos / 10000^(2·(j / 2) / d)`, `sin` of the even-`j` angles in the first half of the
+    /// features and `cos` of the odd-`j` ones in the second; position `t` of a sequence is row
+    /// `t` (see [`marian_positions`]).
+    MarianSinusoidal,
+}
+
+/// The shape of a BART-family encoder-decoder: what a family's `config.json` says, in the
+/// terms of this crate's layers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EncoderDecoderSpec {
+    /// Model size.
+    pub d_model: usize,
+    /// Source vocabulary (the encoder's embedding rows).
+    pub vocab_size: usize,
+    /// Target vocabulary (the decoder's embedding rows and the output size).
+    pub target_vocab_size: usize,
+    /// Longest sequence the positions cover (source or target).
+    pub max_position_embeddings: usize,
+    /// The encoder layers (`num_encoder_layers` of them, Hugging Face names).
+    pub encoder: TransformerConfig,
+    /// The decoder layers (`num_decoder_layers` of them, Hugging Face names).
+    pub decoder: TransformerConfig,
+    /// Token embeddings are multiplied by this (`sqrt(d_model)` with `scale_embedding`, else 1).
+    pub embed_scale: f64,
+    /// How positions are encoded.
+    pub positions: Positions,
+    /// One embedding table for source and target (`shared.weight`, or either stack's
+    /// `embed_tokens.weight`); otherwise one per stack.
+    pub shared_embeddings: bool,
+    /// The output projection is the decoder's embedding table; otherwise `lm_head.weight`.
+    pub tie_word_embeddings: bool,
+    /// Whether each stack ends with a layer norm (`{stack}.layer_norm`, the stacks' naming's
+    /// [`crate::transformer::LayerNaming::stack_norm`]): required when `true`, refused when
+    /// `false` (a file with them is another family).
+    pub final_norms: bool,
+    /// The family's name, for messages (e.g. "MarianMT").
+    pub family: &'static str,
+}
+
+/// Where a family's state dict keeps the tensors this model reads, relative to the model's
+/// prefix (`model.` for a `...ForConditionalGeneration` state dict, none for a bare model).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WeightNames {
+    /// The shared embedding table, in the order to try (the first one present is used).
+    pub shared_embedding: &'static [&'static str],
+    /// The encoder's and the decoder's own tables (`shared_embeddings: false`).
+    pub encoder_embedding: &'static str,
+    /// See [`WeightNames::encoder_embedding`].
+    pub decoder_embedding: &'static str,
+    /// The encoder and decoder stacks (their layers are `{stack}.layers.{i}`).
+    pub encoder: &'static str,
+    /// See [`WeightNames::encoder`].
+    pub decoder: &'static str,
+    /// The untied output projection (outside the model prefix).
+    pub lm_head: &'static str,
+    /// The output bias (outside the model prefix; zeros when absent, as transformers' buffer).
+    pub final_logits_bias: &'static str,
+}
+
+impl WeightNames {
+    /// The names of transformers' BART family (`modeling_bart.py` and the models copied from
+    /// it: Marian, M2M100, mBART).
+    pub const BART: WeightNames = WeightNames {
+        shared_embedding: &[
+            "shared.weight",
+            "encoder.embed_tokens.weight",
+            "decoder.embed_tokens.weight",
+        ],
+        encoder_embedding: "encoder.embed_tokens.weight",
+        decoder_embedding: "decoder.embed_tokens.weight",
+        encoder: "encoder",
+        decoder: "decoder",
+        lm_head: "lm_head.weight",
+        final_logits_bias: "final_logits_bias",
+    };
+}
 
 /// Marian's positional table, `(num_positions, dim)`: for feature `j`, the angle is
 /// `pos / 10000^(2·(j / 2) / dim)`; the first `dim / 2` features hold `sin` of the even-`j`
@@ -47,27 +135,16 @@ pub fn marian_positions(
     Tensor::from_vec(values, (num_positions, dim), device)?.to_dtype(dtype)
 }
 
-/// A Hugging Face `MarianMTModel` (opus-mt) for inference.
-///
-/// ```no_run
-/// use candle::{Device, Tensor};
-/// use candle_attention::marian::MarianMTModel;
-/// # fn main() -> candle::Result<()> {
-/// let model = MarianMTModel::from_dir("opus-mt-en-de", &Device::Cpu)?;
-/// let input_ids = Tensor::new(&[[42u32, 7, 0]], &Device::Cpu)?; // ends with </s> (id 0)
-/// let attention_mask = Tensor::new(&[[1u32, 1, 1]], &Device::Cpu)?;
-/// let memory = model.encode(&input_ids, &attention_mask)?; // (1, 3, d_model)
-/// # let _ = memory;
-/// # Ok(()) }
-/// ```
+/// A BART-family encoder-decoder for inference, built from a family's [`EncoderDecoderSpec`]
+/// and state dict. The family types (e.g. [`crate::marian::MarianMTModel`]) are this model with
+/// their configuration.
 #[derive(Clone, Debug)]
-pub struct MarianMTModel {
-    cfg: MarianConfig,
+pub struct EncoderDecoderModel {
+    spec: EncoderDecoderSpec,
     /// `(vocab_size, d_model)`.
     encoder_embed: EmbeddingTable,
     /// `(target_vocab, d_model)`; the same table as `encoder_embed` when shared.
     decoder_embed: EmbeddingTable,
-    embed_scale: f64,
     /// `(max_position_embeddings, d_model)`.
     positions: Tensor,
     encoder: TransformerEncoder,
@@ -100,8 +177,8 @@ impl EmbeddingTable {
     }
 }
 
-/// What a state dict of `MarianMTModel` calls things: `model.` prefixed (MarianMTModel) or not
-/// (a bare MarianModel).
+/// What a state dict calls the model: `model.` prefixed (a `...ForConditionalGeneration`) or
+/// not (the bare model).
 fn model_prefix(contains: impl Fn(&str) -> bool) -> &'static str {
     if contains("model.encoder.layers.0.self_attn.q_proj.weight") || contains("model.shared.weight")
     {
@@ -111,41 +188,19 @@ fn model_prefix(contains: impl Fn(&str) -> bool) -> &'static str {
     }
 }
 
-impl MarianMTModel {
-    /// Loads a MarianMT directory as the Hugging Face hub has it: `config.json` and the weights
-    /// in `model.safetensors` or `pytorch_model.bin` (f32, f16 or bf16; computed in f32).
-    pub fn from_dir(dir: impl AsRef<Path>, device: &Device) -> candle::Result<Self> {
-        let dir = dir.as_ref();
-        if !dir.is_dir() {
-            candle::bail!(
-                "{} is not a directory (a MarianMT model directory is expected)",
-                dir.display()
-            )
-        }
-        let config = dir.join("config.json");
-        if !config.is_file() {
-            candle::bail!(
-                "{} is not a MarianMT model directory: config.json is missing; it holds {}",
-                dir.display(),
-                list_dir(dir)
-            )
-        }
-        let cfg = MarianConfig::load(&config)?;
-        let weights = MarianWeights::open_dir(dir)?;
-        Self::load(cfg, &weights, DType::F32, device)
-    }
-
-    /// Builds the model from a config and a state dict, computing in `dtype` on `device`.
-    /// Checks the vocabulary sizes against the embedding tables (an error names both). With
-    /// `f32` safetensors weights computed in `f32` on the CPU, the large matrices are used in
-    /// place from the mapped file ([`WeightSource::in_place`]): nothing is copied.
+impl EncoderDecoderModel {
+    /// Builds the model of `spec` from a state dict named as `names` says, computing in
+    /// `dtype` on `device`. Checks the vocabulary sizes against the embedding tables (an error
+    /// names both). With `f32` safetensors weights computed in `f32` on the CPU, the large
+    /// matrices are used in place from the mapped file ([`WeightSource::in_place`]): nothing
+    /// is copied.
     pub fn load(
-        cfg: MarianConfig,
-        weights: &MarianWeights,
+        spec: EncoderDecoderSpec,
+        names: &WeightNames,
+        weights: &Checkpoint,
         dtype: DType,
         device: &Device,
     ) -> candle::Result<Self> {
-        cfg.validate()?;
         let prefix = model_prefix(|n| weights.contains(n));
         let name = |n: &str| format!("{prefix}{n}");
         let vb = weights.var_builder(dtype, device);
@@ -153,7 +208,7 @@ impl MarianMTModel {
             Some(file) => WeightSource::in_place(vb.clone(), file),
             None => WeightSource::load(vb.clone()),
         };
-        let d = cfg.d_model;
+        let d = spec.d_model;
         let first_present = |candidates: &[String]| -> candle::Result<String> {
             candidates
                 .iter()
@@ -179,32 +234,30 @@ impl MarianMTModel {
                 },
             )
         };
-        let (encoder_embed, decoder_embed) = if cfg.share_encoder_decoder_embeddings {
-            let shared = first_present(&[
-                name("shared.weight"),
-                name("encoder.embed_tokens.weight"),
-                name("decoder.embed_tokens.weight"),
-            ])?;
-            check_vocab(&shared, cfg.vocab_size, "vocab_size")?;
-            let t = table(&shared, cfg.vocab_size)?;
+        let (encoder_embed, decoder_embed) = if spec.shared_embeddings {
+            let candidates: Vec<String> = names.shared_embedding.iter().map(|n| name(n)).collect();
+            let shared = first_present(&candidates)?;
+            check_vocab(&shared, spec.vocab_size, "vocab_size")?;
+            let t = table(&shared, spec.vocab_size)?;
             (t.clone(), t)
         } else {
-            let enc = name("encoder.embed_tokens.weight");
-            let dec = name("decoder.embed_tokens.weight");
-            check_vocab(&enc, cfg.vocab_size, "vocab_size")?;
-            check_vocab(&dec, cfg.target_vocab_size(), "decoder_vocab_size")?;
+            let enc = name(names.encoder_embedding);
+            let dec = name(names.decoder_embedding);
+            check_vocab(&enc, spec.vocab_size, "vocab_size")?;
+            check_vocab(&dec, spec.target_vocab_size, "decoder_vocab_size")?;
             (
-                table(&enc, cfg.vocab_size)?,
-                table(&dec, cfg.target_vocab_size())?,
+                table(&enc, spec.vocab_size)?,
+                table(&dec, spec.target_vocab_size)?,
             )
         };
-        let vocab = cfg.target_vocab_size();
+        let vocab = spec.target_vocab_size;
         // transformers treats a missing bias as zeros (it is a buffer, not a parameter).
-        let bias = if weights.contains("final_logits_bias") {
-            let b = vb.get_unchecked("final_logits_bias")?;
+        let bias = if weights.contains(names.final_logits_bias) {
+            let b = vb.get_unchecked(names.final_logits_bias)?;
             if b.elem_count() != vocab {
                 candle::bail!(
-                    "final_logits_bias has shape {:?}, expected (1, {vocab}) for the target vocabulary",
+                    "{} has shape {:?}, expected (1, {vocab}) for the target vocabulary",
+                    names.final_logits_bias,
                     b.dims()
                 )
             }
@@ -212,41 +265,51 @@ impl MarianMTModel {
         } else {
             Tensor::zeros(vocab, dtype, device)?
         };
-        let lm_head = if cfg.tie_word_embeddings {
+        let lm_head = if spec.tie_word_embeddings {
             // Tied: the head reads the embedding table where it lies rather than packing a copy.
             match &decoder_embed {
                 EmbeddingTable::Mapped(m) => Projection::from_mapped(m.clone(), Some(bias))?,
                 EmbeddingTable::Owned(t) => Projection::shared(t, Some(bias))?,
             }
         } else {
-            check_vocab("lm_head.weight", vocab, "the target vocabulary size")?;
-            let w = source.matrix((vocab, d), "lm_head.weight", candle_nn::Init::Const(0.0))?;
+            check_vocab(names.lm_head, vocab, "the target vocabulary size")?;
+            let w = source.matrix((vocab, d), names.lm_head, candle_nn::Init::Const(0.0))?;
             Projection::from_matrix(w, Some(bias))?
         };
-        let stack = |n: &str| {
-            let src = source.pp(name(n));
-            (src.contains("norm.weight"), src)
-        };
-        let (enc_norm, enc_source) = stack("encoder");
-        let (dec_norm, dec_source) = stack("decoder");
-        let encoder =
-            TransformerEncoder::from_source(&cfg.encoder_config()?, &enc_source, enc_norm)?;
-        let decoder =
-            TransformerDecoder::from_source(&cfg.decoder_config()?, &dec_source, dec_norm)?;
-        if encoder.has_final_norm() || decoder.has_final_norm() {
-            candle::bail!(
-                "the weights have a final encoder/decoder norm ('{}'): that is mBART, not MarianMT",
-                name("encoder.norm.weight")
-            )
+        // The final norms: required where the family has them, refused where it has none (a
+        // file with them belongs to another family).
+        for (stack, naming) in [
+            (names.encoder, spec.encoder.naming),
+            (names.decoder, spec.decoder.naming),
+        ] {
+            let norm = format!("{}.{}.weight", name(stack), naming.stack_norm());
+            if weights.contains(&norm) != spec.final_norms {
+                candle::bail!(
+                    "{} '{norm}' in {}: {} {} final layer norms",
+                    if spec.final_norms { "no" } else { "found" },
+                    weights.origin(),
+                    spec.family,
+                    if spec.final_norms { "has" } else { "has no" },
+                )
+            }
         }
-        let positions = marian_positions(cfg.max_position_embeddings, d, dtype, device)?;
+        let encoder = TransformerEncoder::from_source(
+            &spec.encoder,
+            &source.pp(name(names.encoder)),
+            spec.final_norms,
+        )?;
+        let decoder = TransformerDecoder::from_source(
+            &spec.decoder,
+            &source.pp(name(names.decoder)),
+            spec.final_norms,
+        )?;
+        let positions = match spec.positions {
+            Positions::MarianSinusoidal => {
+                marian_positions(spec.max_position_embeddings, d, dtype, device)?
+            }
+        };
         Ok(Self {
-            embed_scale: if cfg.scale_embedding {
-                (d as f64).sqrt()
-            } else {
-                1.0
-            },
-            cfg,
+            spec,
             encoder_embed,
             decoder_embed,
             positions,
@@ -256,9 +319,9 @@ impl MarianMTModel {
         })
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &MarianConfig {
-        &self.cfg
+    /// The shape of the model.
+    pub fn spec(&self) -> &EncoderDecoderSpec {
+        &self.spec
     }
 
     /// The dtype the model computes in.
@@ -302,7 +365,7 @@ impl MarianMTModel {
                 ids.dtype()
             )
         }
-        let max_len = self.cfg.max_position_embeddings;
+        let max_len = self.spec.max_position_embeddings;
         if start + len > max_len {
             candle::bail!(
                 "{what} reach position {} but the model allows at most max_position_embeddings = {max_len}",
@@ -326,9 +389,9 @@ impl MarianMTModel {
     /// Embeds `ids` (checked `U32`, `(B, T)`) at positions `start..start + T`.
     fn embed(&self, table: &EmbeddingTable, ids: &Tensor, start: usize) -> candle::Result<Tensor> {
         let t = ids.dim(1)?;
-        let x = table.lookup(ids, self.cfg.d_model)?;
-        let x = if self.embed_scale != 1.0 {
-            (x * self.embed_scale)?
+        let x = table.lookup(ids, self.spec.d_model)?;
+        let x = if self.spec.embed_scale != 1.0 {
+            (x * self.spec.embed_scale)?
         } else {
             x
         };
@@ -371,7 +434,7 @@ impl MarianMTModel {
         let ids = self.checked_ids(
             "input_ids",
             &input_ids.to_device(self.device())?,
-            self.cfg.vocab_size,
+            self.spec.vocab_size,
             0,
         )?;
         self.embed(&self.encoder_embed, &ids, 0)
@@ -413,7 +476,7 @@ impl MarianMTModel {
         let ids = self.checked_ids(
             "decoder_input_ids",
             &decoder_input_ids.to_device(self.device())?,
-            self.cfg.target_vocab_size(),
+            self.spec.target_vocab_size,
             0,
         )?;
         if ids.dim(0)? != memory.dim(0)? {
@@ -451,7 +514,7 @@ impl MarianMTModel {
         Ok((logits, memory))
     }
 
-    /// [`MarianMTModel::forward`] recording every attention block: what each received, the
+    /// [`EncoderDecoderModel::forward`] recording every attention block: what each received, the
     /// mask it was given and what it returned (`input_ids`, `attention_mask` `(B, S)`,
     /// `decoder_input_ids` `(B, T)`). `logits` and `memory` equal the plain pass.
     pub fn trace(
@@ -501,11 +564,11 @@ impl MarianMTModel {
         &self,
         input_ids: &Tensor,
         attention_mask: &Tensor,
-    ) -> candle::Result<MarianDecodeState> {
+    ) -> candle::Result<DecodeState> {
         let padding = self.source_padding(input_ids, attention_mask)?;
         let memory = self.encode_with_padding(input_ids, &padding)?;
         let sources = (0..memory.dim(0)? as u32).collect();
-        Ok(MarianDecodeState {
+        Ok(DecodeState {
             memory,
             src_padding: padding,
             cache: DecoderCache::default(),
@@ -514,20 +577,16 @@ impl MarianMTModel {
     }
 
     /// Feeds the next target ids `(rows, T)` and returns their logits `(rows, T, V)`, equal to
-    /// the matching rows of [`MarianMTModel::decode`] on the whole prefix.
-    pub fn step_logits(
-        &self,
-        state: &mut MarianDecodeState,
-        ids: &Tensor,
-    ) -> candle::Result<Tensor> {
+    /// the matching rows of [`EncoderDecoderModel::decode`] on the whole prefix.
+    pub fn step_logits(&self, state: &mut DecodeState, ids: &Tensor) -> candle::Result<Tensor> {
         let past = state.cache.len();
-        let ids = self.checked_ids("decoder ids", ids, self.cfg.target_vocab_size(), past)?;
+        let ids = self.checked_ids("decoder ids", ids, self.spec.target_vocab_size, past)?;
         self.step_checked(state, &ids)
     }
 
-    /// [`MarianMTModel::step_logits`] for `ids` `(rows, T)` `U32` already checked against the
+    /// [`EncoderDecoderModel::step_logits`] for `ids` `(rows, T)` `U32` already checked against the
     /// vocabulary and the position table.
-    fn step_checked(&self, state: &mut MarianDecodeState, ids: &Tensor) -> candle::Result<Tensor> {
+    fn step_checked(&self, state: &mut DecodeState, ids: &Tensor) -> candle::Result<Tensor> {
         let past = state.cache.len();
         if ids.dim(0)? != state.rows() {
             candle::bail!(
@@ -553,7 +612,7 @@ impl MarianMTModel {
 /// The encoder output and decoder caches of sentences being decoded, one row per hypothesis.
 /// Clones are independent.
 #[derive(Clone, Debug)]
-pub struct MarianDecodeState {
+pub struct DecodeState {
     /// `(rows, S, d_model)`.
     memory: Tensor,
     /// `(rows, S)` `U8`, 1 = source padding.
@@ -563,7 +622,7 @@ pub struct MarianDecodeState {
     sources: Vec<u32>,
 }
 
-impl MarianDecodeState {
+impl DecodeState {
     /// Number of rows.
     pub fn rows(&self) -> usize {
         self.memory.dim(0).unwrap_or(0)
@@ -653,7 +712,7 @@ impl candle::InplaceOp1 for LogSoftmaxRows {
 }
 
 /// The stacks and a traced pass over one text, for [`crate::explain::Explanation`].
-impl crate::explain::ExplainModel for MarianMTModel {
+impl crate::explain::ExplainModel for EncoderDecoderModel {
     fn encoder(&self) -> &TransformerEncoder {
         &self.encoder
     }
@@ -671,17 +730,17 @@ impl crate::explain::ExplainModel for MarianMTModel {
 }
 
 /// One token per row in, `(rows, V)` next-token log-probabilities (`f32`) out.
-impl StepDecoder for MarianMTModel {
-    type State = MarianDecodeState;
+impl StepDecoder for EncoderDecoderModel {
+    type State = DecodeState;
 
-    fn step(&self, state: &mut MarianDecodeState, tokens: &[u32]) -> candle::Result<Tensor> {
+    fn step(&self, state: &mut DecodeState, tokens: &[u32]) -> candle::Result<Tensor> {
         // The tokens are checked here, on the host: `step_logits` would ask the device for
         // their min and max (two reads back per step on a GPU).
-        let vocab = self.cfg.target_vocab_size();
+        let vocab = self.spec.target_vocab_size;
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
             candle::bail!("decoder ids hold id {bad}, outside the vocabulary of {vocab} tokens")
         }
-        let max_len = self.cfg.max_position_embeddings;
+        let max_len = self.spec.max_position_embeddings;
         if state.len() + 1 > max_len {
             candle::bail!(
                 "decoder ids reach position {} but the model allows at most max_position_embeddings = {max_len}",
@@ -693,7 +752,7 @@ impl StepDecoder for MarianMTModel {
         log_softmax_rows(logits.to_dtype(DType::F32)?)
     }
 
-    fn reorder(&self, state: &mut MarianDecodeState, rows: &[u32]) -> candle::Result<()> {
+    fn reorder(&self, state: &mut DecodeState, rows: &[u32]) -> candle::Result<()> {
         state.select_rows(rows)
     }
 }

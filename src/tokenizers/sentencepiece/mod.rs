@@ -1,12 +1,24 @@
-//! [`SentencePieceModel`]: a sentencepiece unigram model on its own (load, encode, decode), as
-//! `sentencepiece_processor.cc` and `model_interface.cc` do it.
+//! SentencePiece in pure Rust, exactly as the `sentencepiece` 0.2 library segments and decodes:
+//! [`SentencePieceModel`] (load, encode, decode, as `sentencepiece_processor.cc` and
+//! `model_interface.cc` do it), on the model file's protobuf ([`model_proto`]), its normaliser
+//! (`normalizer.rs`, driven by the model's own `precompiled_charsmap` through a double-array
+//! trie, `darts.rs`) and the unigram segmenter (`unigram.rs`).
 
-use super::normalizer::{Normalizer, SPACE_SYMBOL};
-use super::spm_model::{ModelProto, PieceType};
-use super::unigram::Unigram;
+mod darts;
+pub mod model_proto;
+mod normalizer;
+mod unigram;
+
+pub use model_proto::PieceType;
+
+pub(crate) use normalizer::SPACE_SYMBOL;
+
 use candle::{Error, Result};
+use model_proto::ModelProto;
+use normalizer::Normalizer;
 use std::collections::HashMap;
 use std::path::Path;
+use unigram::Unigram;
 
 /// What sentencepiece decodes `<unk>` to unless the model says otherwise.
 const DEFAULT_UNK_SURFACE: &str = " \u{2047} ";
@@ -16,7 +28,7 @@ const DEFAULT_UNK_SURFACE: &str = " \u{2047} ";
 /// gives.
 ///
 /// ```
-/// use candle_attention::marian::tokenizer::SentencePieceModel;
+/// use candle_attention::tokenizers::SentencePieceModel;
 /// # fn main() -> candle::Result<()> {
 /// # let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/marian_tokenizer/en-de");
 /// // e.g. "opus-mt-en-de/source.spm"

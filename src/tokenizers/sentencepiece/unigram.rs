@@ -8,7 +8,7 @@
 //! candidate among equal scores (a later start must be strictly better), which fixes ties the
 //! way sentencepiece does.
 
-use super::spm_model::{Piece, PieceType};
+use super::model_proto::{Piece, PieceType};
 use std::collections::HashMap;
 
 /// sentencepiece's penalty of an unknown character below the lowest piece score.

@@ -1,0 +1,15 @@
+//! Hugging Face MarianMT (Helsinki-NLP `opus-mt-*`), the first family on the shared
+//! encoder-decoder ([`crate::models::encoder_decoder`]): its `config.json`
+//! ([`MarianConfig`], turned into the shared model's spec), the model ([`MarianMTModel`]),
+//! text in, text out ([`MarianTranslator`]: [`MarianTokenizer`], the model and
+//! [`crate::generation`], exactly as the transformers pipeline).
+
+mod config;
+mod model;
+mod translator;
+
+pub use crate::models::encoder_decoder::marian_positions;
+pub use crate::tokenizers::MarianTokenizer;
+pub use config::{MarianConfig, TokenIds};
+pub use model::MarianMTModel;
+pub use translator::MarianTranslator;
