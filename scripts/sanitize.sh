@@ -3,15 +3,15 @@
 # src/projection/, the masked loads/stores and scratch they share in src/simd/) with the two
 # tools that run here, on the nightly toolchain:
 #
-#   1. Miri: the kernel unit tests (src/sdpa/kernel_tests.rs, shapes at every block edge, f32
-#      and the half-precision tile paths; src/sdpa/half.rs, the per-tile f16/bf16 conversions;
+#   1. Miri: the kernel unit tests (src/sdpa/cpu/tests.rs, shapes at every block edge, f32
+#      and the half-precision tile paths; src/sdpa/cpu/half.rs, the per-tile f16/bf16 conversions;
 #      the GEMM's in src/projection/gemm.rs, the half-precision GEMM's in src/projection/half.rs
 #      and bf16.rs, the scratch buffer's in src/simd/scratch.rs) through
 #      the safe wrappers. Miri reports no SIMD features, so this runs the portable
 #      kernels and every slice/index computation around them, with Stacked Borrows checks.
 #   2. AddressSanitizer: the same unit tests plus the tiled-vs-naive property tests (f32, and
 #      tests/half_props.rs: bf16/f16 with ragged tails, which on a CPU with AVX-512 BF16 run
-#      the vdpbf16ps kernels of src/sdpa/avx512_half.rs), the projection tests (f32, bf16 and
+#      the vdpbf16ps kernels of src/sdpa/cpu/avx512_half.rs), the projection tests (f32, bf16 and
 #      f16, the AVX-512 BF16 GEMM where the CPU has it) and the hostile-input table, natively,
 #      so the AVX-512 (or AVX2) kernels run with every load
 #      and store checked against the allocation it belongs to.
@@ -31,7 +31,7 @@ if [[ $what == miri || $what == all ]]; then
   # Permissive provenance: crossbeam casts integers to pointers. Isolation off: the clock.
   # Ignore leaks: rayon's global pool threads are still parked when the tests end.
   MIRIFLAGS="-Zmiri-tree-borrows -Zmiri-permissive-provenance -Zmiri-disable-isolation -Zmiri-ignore-leaks" \
-    cargo +nightly miri test -p candle-attention --lib -- sdpa::kernel_tests sdpa::half projection::gemm projection::half projection::bf16 simd::
+    cargo +nightly miri test -p candle-attention --lib -- sdpa::cpu::tests sdpa::cpu::half projection::gemm projection::rows projection::half projection::bf16 simd::
 fi
 
 if [[ $what == asan || $what == all ]]; then

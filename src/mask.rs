@@ -306,7 +306,7 @@ impl Mask {
 }
 
 /// A [`Mask`] split into the parts a fused kernel applies inside its tiles, without
-/// materialising an `(L, S)` matrix for the structured ones. Produced by [`Mask::decompose`].
+/// materialising an `(L, S)` matrix for the structured ones. Produced by `Mask::decompose`.
 ///
 /// The sum `causal + key_bias + bias` (with the causal part as `-inf` above the diagonal) is
 /// exactly what [`Mask::to_bias`] returns.

@@ -35,9 +35,8 @@ use candle::Result;
 use resvg::tiny_skia;
 use resvg::usvg;
 
-/// Cross-attention weights of one translation: the library's
-/// [`crate::number_translator::translator::Attention`], which both the shipped translator
-/// and the MarianMT translator return.
+/// Cross-attention weights of one translation: the library's record, which both the number
+/// translator and the MarianMT translator return.
 pub use candle_attention::explain::AttentionMap;
 
 /// Which heads to draw.

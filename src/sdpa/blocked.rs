@@ -106,7 +106,7 @@ impl BlockedConfig {
 
 /// Blocked attention of `q` `(B, H, L, D)`, `k` `(B, Hkv, S, D)`, `v` `(B, Hkv, S, Dv)` (one
 /// float dtype on one device, any device; `Hkv` divides `H`: query head `h` uses key/value
-/// head `h / (H / Hkv)`) under `mask` (from [`crate::Mask::decompose`] for `(B, H, L, S)`),
+/// head `h / (H / Hkv)`) under `mask` (from `Mask::decompose` for `(B, H, L, S)`),
 /// scores scaled by `scale`. Returns the output `(B, H, L, Dv)` in the input dtype; fully
 /// masked rows are zeros. No weights; gradients flow through the ops but this path is meant
 /// for inference (the naive one is cheaper to differentiate).

@@ -184,7 +184,7 @@ pub fn scaled_dot_product_attention(
 /// True when [`scaled_dot_product_attention`] runs inputs on `device` of `dtype` with a
 /// memory-efficient kernel (extra memory linear in `L` and `S`) rather than the naive path,
 /// which materialises the `(B, H, L, S)` scores: on every device and float dtype (the tiled
-/// CPU kernels or [`blocked`]) unless the weights are requested. Also needed: no dropout and
+/// CPU kernels or the blocked one) unless the weights are requested. Also needed: no dropout and
 /// no autograd.
 pub fn uses_memory_efficient_kernel(device: &Device, dtype: DType, need_weights: bool) -> bool {
     let _ = (device, dtype);
@@ -192,7 +192,7 @@ pub fn uses_memory_efficient_kernel(device: &Device, dtype: DType, need_weights:
 }
 
 /// True when inputs on `device` of `dtype` take the CPU kernels ([`cpu`]) rather than
-/// [`blocked`] on the memory-efficient path.
+/// the blocked kernel on the memory-efficient path.
 fn uses_cpu_kernels(device: &Device, dtype: DType) -> bool {
     matches!(device, Device::Cpu) && matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
 }

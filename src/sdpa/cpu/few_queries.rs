@@ -22,7 +22,7 @@ use crate::simd::{with_scratch, Isa};
 use candle::Tensor;
 use rayon::prelude::*;
 
-/// Queries per head up to which [`super::attention`] uses this path.
+/// Queries per head up to which the CPU dispatch (`sdpa::cpu::attention`) uses this path.
 pub const MAX_QUERIES: usize = 4;
 
 /// Keys per task at least (smaller chunks cost more in merging than they gain).
@@ -31,7 +31,7 @@ const MIN_CHUNK: usize = 512;
 /// Attention of `q` `(B, H, L, D)` (meant for small `L`, any `L` works) over `k`
 /// `(B, Hkv, S, D)` and `v` `(B, Hkv, S, Dv)` (`Hkv` dividing `H`: grouped-query attention,
 /// K/V read in place), CPU tensors of one dtype (`f32`, `f16`, `bf16`); returns
-/// `(B, H, L, Dv)` in the input dtype. `mask` comes from [`crate::Mask::decompose`].
+/// `(B, H, L, Dv)` in the input dtype. `mask` comes from `Mask::decompose`.
 /// With the knobs of `cfg` (`block_k`, `force_portable` and `half_dot` are honoured):
 /// `q` `(B, H, L, D)`, `k` `(B, Hkv, S, D)`, `v` `(B, Hkv, S, Dv)` → `(B, H, L, Dv)`.
 /// More than 256 queries take the plain tiled kernel.

@@ -74,7 +74,7 @@ pub(crate) use tile::TiledConfig;
 
 /// Attention of `q` `(B, H, L, D)` over `k` `(B, Hkv, S, D)`, `v` `(B, Hkv, S, Dv)` (CPU
 /// tensors of one dtype, `f32`, `f16` or `bf16`) under `mask` (from
-/// [`crate::Mask::decompose`]), scores scaled by `scale`: the few-queries kernel for at most
+/// `Mask::decompose`), scores scaled by `scale`: the few-queries kernel for at most
 /// [`few_queries::MAX_QUERIES`] queries, the tiled one otherwise. Returns `(B, H, L, Dv)`.
 pub(crate) fn attention(
     q: &Tensor,

@@ -14,7 +14,7 @@ use std::f32::consts::LOG2_E;
 
 /// The tiled kernel: `q` `(B, H, L, D)`, `k` `(B, Hkv, S, D)`, `v` `(B, Hkv, S, Dv)` (CPU
 /// tensors of one dtype: `f32`, `f16` or `bf16`; `Hkv` divides `H`, query head `h` uses
-/// key/value head `h / (H / Hkv)`) under `mask` (from [`crate::Mask::decompose`] for the same
+/// key/value head `h / (H / Hkv)`) under `mask` (from `Mask::decompose` for the same
 /// `(B, H, L, S)`), scores scaled by `scale`, with the knobs of `cfg` → `(B, H, L, Dv)` in the
 /// input dtype. No weights, no autograd.
 pub fn attention_with(
