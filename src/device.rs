@@ -73,3 +73,13 @@ mod tests {
         }
     }
 }
+
+/// The memory this machine can still give a process, in bytes (`MemAvailable` of
+/// `/proc/meminfo`); `None` where that is not known (not Linux, or unreadable). Used to refuse
+/// work that cannot fit before allocating it, instead of being killed or aborting.
+pub fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}

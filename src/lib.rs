@@ -67,7 +67,7 @@ pub mod tokenizers;
 pub mod transformer;
 pub mod weights;
 
-pub use device::device_from_name;
+pub use device::{available_memory, device_from_name};
 pub use generation::{GenerationConfig, StepDecoder};
 pub use kv_cache::{CachedAttentionArgs, CrossAttentionCache, KvCache};
 pub use mask::{AttentionShape, Mask};

@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_decode;
+mod bulk;
 mod explain;
 mod inspect;
 mod marian;

@@ -51,16 +51,31 @@ pub fn read_ids(file: &TensorFile, name: &str, device: &Device) -> anyhow::Resul
             t.dims()
         )
     }
+    if t.dim(1)? == 0 {
+        anyhow::bail!(
+            "'{name}' in {} has no tokens (shape {:?}): transformers refuses an empty input",
+            file.origin(),
+            t.dims()
+        )
+    }
     if t.elem_count() > 0 {
-        let min = t
-            .to_dtype(DType::I64)?
-            .flatten_all()?
-            .min(0)?
-            .to_scalar::<i64>()?;
+        // Checked as int64 before narrowing: 2^32 + 18 must not become 18.
+        let flat = t.to_dtype(DType::I64)?.flatten_all()?;
+        let (min, max) = (
+            flat.min(0)?.to_scalar::<i64>()?,
+            flat.max(0)?.to_scalar::<i64>()?,
+        );
         if min < 0 {
             anyhow::bail!(
                 "'{name}' in {} holds a negative value ({min})",
                 file.origin()
+            )
+        }
+        if max > u32::MAX as i64 {
+            anyhow::bail!(
+                "'{name}' in {} holds {max}, beyond any vocabulary (at most {})",
+                file.origin(),
+                u32::MAX
             )
         }
     }
@@ -231,6 +246,31 @@ pub struct GenerateArgs {
     device: crate::DeviceArg,
 }
 
+/// Refuses at once what the model cannot do with these settings (instead of minutes of work
+/// and an error at the end): more beams than the vocabulary has tokens, a `max_new_tokens`
+/// past the model's positions.
+pub fn check_generation_limits(
+    model: &MarianMTModel,
+    cfg: &GenerationConfig,
+) -> anyhow::Result<()> {
+    let (beams, _) = cfg.search_size()?;
+    let vocab = model.config().target_vocab_size();
+    if beams > vocab {
+        anyhow::bail!("{beams} beams are more than the model's {vocab} tokens (--beam / --beams)")
+    }
+    let positions = model.config().max_position_embeddings;
+    if let Some(n) = cfg.max_new_tokens {
+        if n + 1 > positions {
+            anyhow::bail!(
+                "--max-new-tokens {n} runs past the model's max_position_embeddings ({positions}): \
+                 at most {} new tokens",
+                positions.saturating_sub(1)
+            )
+        }
+    }
+    Ok(())
+}
+
 /// The generation settings of `dir` with the command line's overrides.
 pub fn generation_config(
     dir: &Path,
@@ -268,10 +308,13 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     )?;
     let (ids, shape) = on_rayon_pool(|| -> anyhow::Result<_> {
         let model = load_model(&args.model, &device)?;
+        check_generation_limits(&model, &cfg)?;
         let inputs = TensorFile::open(&args.inputs)?;
         let input_ids = read_ids(&inputs, "input_ids", &device)?;
         let attention_mask = read_ids(&inputs, "attention_mask", &device)?;
-        let batch = input_ids.dim(0)?;
+        let (batch, source_len) = input_ids.dims2()?;
+        let (beams, max_length) = cfg.search_size()?;
+        model.check_generation_memory(batch, beams, source_len, max_length)?;
         let state = model
             .start(&input_ids, &attention_mask)
             .context("encoding the inputs")?;

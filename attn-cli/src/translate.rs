@@ -1,12 +1,19 @@
 //! `attn translate`: English number words to German with the shipped model.
 
+use crate::bulk;
 use anyhow::Context;
 use attn_cli::heatmap::{self, AttentionMap, Heads};
 use attn_cli::number_translator::translator::Translator;
 use attn_cli::shipped;
 use candle_attention::marian::MarianTranslator;
-use std::io::BufRead;
+use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
+
+/// Default of `--max-batch-tokens`.
+pub const DEFAULT_MAX_BATCH_TOKENS: usize = 4096;
+
+/// Default of `--window`.
+pub const DEFAULT_WINDOW: usize = 1024;
 
 #[derive(clap::Args, Debug)]
 pub struct TranslateArgs {
@@ -25,6 +32,34 @@ pub struct TranslateArgs {
     /// With --model: most tokens to generate per text (default: generation_config.json).
     #[arg(long, requires = "model")]
     max_new_tokens: Option<usize>,
+    /// With --model: read the texts from FILE instead of the arguments or standard input.
+    #[arg(
+        long,
+        requires = "model",
+        conflicts_with = "texts",
+        value_name = "FILE"
+    )]
+    input: Option<PathBuf>,
+    /// With --model: write the translations to FILE instead of standard output.
+    #[arg(long, requires = "model", value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// With --model: `text` (one text per line in, one translation per line out) or `jsonl`
+    /// (objects with "text" in; "translation", "score", "log_prob" and the other fields out;
+    /// a line that fails gets "error").
+    #[arg(long, requires = "model", value_enum, default_value = "text")]
+    format: bulk::Format,
+    /// With --model and --format jsonl: also write the K best hypotheses of each line
+    /// ("n_best": translation, score, log_prob); needs --beam K or more.
+    #[arg(long, requires = "model", value_name = "K", default_value_t = 1)]
+    n_best: usize,
+    /// With --model: the most padded source tokens (rows × longest row) in one batch. Lines
+    /// are read ahead, sorted by length and batched within this budget.
+    #[arg(long, requires = "model", value_name = "N", default_value_t = DEFAULT_MAX_BATCH_TOKENS)]
+    max_batch_tokens: usize,
+    /// With --model: lines read ahead and sorted together (memory grows with it, not with
+    /// the input).
+    #[arg(long, requires = "model", value_name = "LINES", default_value_t = DEFAULT_WINDOW)]
+    window: usize,
     /// Draw the cross-attention of the first translation to FILE (.svg or .png).
     #[arg(long)]
     heatmap: Option<PathBuf>,
@@ -107,21 +142,129 @@ pub fn run(args: &TranslateArgs) -> anyhow::Result<()> {
 }
 
 /// `attn translate --model DIR`: a Hugging Face MarianMT directory, text to text, as the
-/// transformers pipeline does it.
+/// transformers pipeline does it, through the bulk path ([`bulk`]).
 fn run_marian(args: &TranslateArgs, dir: &std::path::Path, heads: Heads) -> anyhow::Result<()> {
+    if args.n_best == 0 {
+        anyhow::bail!("--n-best must be at least 1");
+    }
+    if args.n_best > 1 && args.format != bulk::Format::Jsonl {
+        anyhow::bail!(
+            "--n-best {} needs --format jsonl (plain text has one translation per line)",
+            args.n_best
+        );
+    }
+    if args.max_batch_tokens == 0 || args.window == 0 {
+        anyhow::bail!("--max-batch-tokens and --window must be at least 1");
+    }
     let device = args.device.device()?;
     let translator = MarianTranslator::from_dir(dir, &device)
         .with_context(|| format!("loading the MarianMT model in {}", dir.display()))?;
-    let generation = crate::marian::generation_config(dir, args.beam, args.max_new_tokens, None)?;
+    let mut generation =
+        crate::marian::generation_config(dir, args.beam, args.max_new_tokens, None)?;
+    if args.n_best > 1 {
+        let beams = generation.num_beams.unwrap_or(1);
+        if args.n_best > beams {
+            anyhow::bail!(
+                "--n-best {} needs at least as many beams, got {beams} (--beam)",
+                args.n_best
+            );
+        }
+        generation = generation.with_num_return_sequences(args.n_best);
+    }
     let translator = translator.with_generation_config(generation);
-    let texts = input_texts(args)?;
+    crate::marian::check_generation_limits(translator.model(), translator.generation_config())?;
+    let options = bulk::Options {
+        window: args.window,
+        max_batch_tokens: args.max_batch_tokens,
+        format: args.format,
+        n_best: args.n_best,
+    };
+    let input: Box<dyn BufRead + Send> = match (&args.input, args.texts.is_empty()) {
+        (Some(path), _) => Box::new(std::io::BufReader::new(
+            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?,
+        )),
+        (None, false) => {
+            // The arguments as lines (a newline inside one becomes a space: one line each).
+            let joined: String = args
+                .texts
+                .iter()
+                .map(|t| t.replace(['\n', '\r'], " ") + "\n")
+                .collect();
+            Box::new(std::io::Cursor::new(joined.into_bytes()))
+        }
+        (None, true) => Box::new(std::io::BufReader::new(std::io::stdin())),
+    };
+    let total_bytes = args
+        .input
+        .as_ref()
+        .and_then(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len());
+    let output: Box<dyn Write + Send> = match &args.output {
+        Some(path) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+        )),
+        None => Box::new(std::io::BufWriter::new(std::io::stdout())),
+    };
+    let bar = progress_bar(total_bytes);
+    let started = std::time::Instant::now();
     // On rayon's pool, as `attn generate` (see `on_rayon_pool`).
-    let translations = crate::pool::on_rayon_pool(|| translator.translate(&texts))?;
-    let failed = print_results(&texts, translations);
-    draw_first(args, heads, &texts, |text| {
-        Ok(translator.cross_attention(text, args.layer)?)
+    let summary = crate::pool::on_rayon_pool(|| {
+        bulk::translate(
+            &translator,
+            input,
+            output,
+            &options,
+            |line, reason| {
+                let message = format!("error: line {line}: {reason}");
+                match &bar {
+                    Some(bar) => bar.println(message),
+                    None => eprintln!("{message}"),
+                }
+            },
+            |summary, bytes| {
+                if let Some(bar) = &bar {
+                    let secs = started.elapsed().as_secs_f64().max(1e-9);
+                    bar.set_position(bytes);
+                    bar.set_message(format!(
+                        "{} lines, {:.0} tok/s",
+                        summary.lines,
+                        summary.generated_tokens as f64 / secs
+                    ));
+                }
+            },
+        )
     })?;
-    finish(failed, texts.len())
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    if args.heatmap.is_some() {
+        let texts = if args.texts.is_empty() {
+            anyhow::bail!("--heatmap with --model needs the text as an argument")
+        } else {
+            &args.texts
+        };
+        draw_first(args, heads, texts, |text| {
+            Ok(translator.cross_attention(text, args.layer)?)
+        })?;
+    }
+    finish(summary.failed, summary.lines)
+}
+
+/// A progress bar on standard error when it is a terminal (none otherwise): bytes of the
+/// input file with an ETA when its size is known, a spinner otherwise.
+fn progress_bar(total_bytes: Option<u64>) -> Option<indicatif::ProgressBar> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = match total_bytes {
+        Some(n) => indicatif::ProgressBar::new(n).with_style(
+            indicatif::ProgressStyle::with_template("{bar:30} {percent:>3}% {msg}, ETA {eta}")
+                .ok()?,
+        ),
+        None => indicatif::ProgressBar::new_spinner()
+            .with_style(indicatif::ProgressStyle::with_template("{spinner} {msg}").ok()?),
+    };
+    Some(bar)
 }
 
 /// With `--heatmap FILE`: draws the cross-attention of the first text, as `attention` computes

@@ -311,6 +311,14 @@ impl GenerationConfig {
         Ok(())
     }
 
+    /// What a search with these settings will hold at most, after `transformers`' defaults
+    /// and precedence: `(num_beams, max_length)` (`max_length` counts the decoder start
+    /// token). Errors as the search would.
+    pub fn search_size(&self) -> candle::Result<(usize, usize)> {
+        let r = self.resolve()?;
+        Ok((r.num_beams, r.max_length))
+    }
+
     /// Applies `transformers`' defaults and precedence (`_prepare_special_tokens`,
     /// `_prepare_generated_length`) for an encoder-decoder model, whose decoder prompt is the
     /// single start token.

@@ -119,10 +119,21 @@ pub fn marian_positions(
     dtype: DType,
     device: &Device,
 ) -> candle::Result<Tensor> {
+    marian_position_rows(0, num_positions, dim, dtype, device)
+}
+
+/// Rows `start .. start + len` of [`marian_positions`]' table, `(len, dim)`.
+fn marian_position_rows(
+    start: usize,
+    len: usize,
+    dim: usize,
+    dtype: DType,
+    device: &Device,
+) -> candle::Result<Tensor> {
     let half = dim.div_ceil(2);
-    let mut values = vec![0f32; num_positions * dim];
-    for pos in 0..num_positions {
-        let row = &mut values[pos * dim..(pos + 1) * dim];
+    let mut values = vec![0f32; len * dim];
+    for (i, row) in values.chunks_exact_mut(dim.max(1)).enumerate().take(len) {
+        let pos = start + i;
         for j in 0..dim {
             let angle = pos as f64 / 10000f64.powf((2 * (j / 2)) as f64 / dim as f64);
             if j % 2 == 0 {
@@ -132,8 +143,14 @@ pub fn marian_positions(
             }
         }
     }
-    Tensor::from_vec(values, (num_positions, dim), device)?.to_dtype(dtype)
+    Tensor::from_vec(values, (len, dim), device)?.to_dtype(dtype)
 }
+
+/// Positions whose rows are computed once when the model is built; rows past them (a
+/// `max_position_embeddings` larger than any input seen) are computed for the positions a call
+/// uses. A config's position count is only a promise: building its whole table would let a
+/// `config.json` with a huge `max_position_embeddings` allocate without bound.
+const PRECOMPUTED_POSITIONS: usize = 4096;
 
 /// A BART-family encoder-decoder for inference, built from a family's [`EncoderDecoderSpec`]
 /// and state dict. The family types (e.g. [`crate::marian::MarianMTModel`]) are this model with
@@ -145,7 +162,8 @@ pub struct EncoderDecoderModel {
     encoder_embed: EmbeddingTable,
     /// `(target_vocab, d_model)`; the same table as `encoder_embed` when shared.
     decoder_embed: EmbeddingTable,
-    /// `(max_position_embeddings, d_model)`.
+    /// The first `min(max_position_embeddings, 4096)` rows of the position table,
+    /// `(rows, d_model)`.
     positions: Tensor,
     encoder: TransformerEncoder,
     decoder: TransformerDecoder,
@@ -305,7 +323,8 @@ impl EncoderDecoderModel {
         )?;
         let positions = match spec.positions {
             Positions::MarianSinusoidal => {
-                marian_positions(spec.max_position_embeddings, d, dtype, device)?
+                let rows = spec.max_position_embeddings.min(PRECOMPUTED_POSITIONS);
+                marian_positions(rows, d, dtype, device)?
             }
         };
         Ok(Self {
@@ -322,6 +341,59 @@ impl EncoderDecoderModel {
     /// The shape of the model.
     pub fn spec(&self) -> &EncoderDecoderSpec {
         &self.spec
+    }
+
+    /// About how many bytes generating `rows` hypotheses (batch × beams) of at most
+    /// `max_length` tokens over sources of `source_len` tokens holds at its peak: the decoder's
+    /// self-attention caches (keys and values of every layer for every row and position), the
+    /// cross-attention keys and values (per row: every row projects the memory it reads) and
+    /// the step's logits with their host copy. Saturating; what
+    /// [`EncoderDecoderModel::check_generation_memory`] compares with the free memory.
+    pub fn generation_bytes(&self, rows: usize, source_len: usize, max_length: usize) -> u64 {
+        let elem = self.dtype().size_in_bytes().max(4) as u64;
+        let d = self.spec.d_model as u64;
+        let layers = self.spec.decoder.num_decoder_layers as u64;
+        let rows = rows as u64;
+        let kv = |len: usize| {
+            [rows, len as u64, layers, 2, d, elem]
+                .iter()
+                .fold(1u64, |a, &x| a.saturating_mul(x))
+        };
+        let logits = [rows, self.spec.target_vocab_size as u64, 4, 2]
+            .iter()
+            .fold(1u64, |a, &x| a.saturating_mul(x));
+        kv(max_length)
+            .saturating_add(kv(source_len))
+            .saturating_add(logits)
+    }
+
+    /// Refuses, before anything is allocated, a generation of `rows` hypotheses (`batch`
+    /// sentences × `beams`) of up to `max_length` tokens over `source_len`-token sources that
+    /// cannot fit in this machine's free memory ([`crate::device::available_memory`]): an
+    /// error with the sizes and what to lower, instead of minutes of work and an abort.
+    pub fn check_generation_memory(
+        &self,
+        batch: usize,
+        beams: usize,
+        source_len: usize,
+        max_length: usize,
+    ) -> candle::Result<()> {
+        let Some(free) = crate::device::available_memory() else {
+            return Ok(());
+        };
+        let need = self.generation_bytes(batch.saturating_mul(beams), source_len, max_length);
+        if need > free {
+            let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+            candle::bail!(
+                "generating {batch} sentence(s) × {beams} beam(s) of up to {max_length} tokens from \
+                 {source_len}-token sources needs about {:.1} GiB (caches and logits), but this \
+                 machine has {:.1} GiB free: use fewer beams, a shorter max_new_tokens or smaller \
+                 batches",
+                gib(need),
+                gib(free)
+            )
+        }
+        Ok(())
     }
 
     /// The dtype the model computes in.
@@ -395,7 +467,24 @@ impl EncoderDecoderModel {
         } else {
             x
         };
-        x.broadcast_add(&self.positions.narrow(0, start, t)?)
+        x.broadcast_add(&self.position_rows(start, t)?)
+    }
+
+    /// Position rows `start .. start + t` `(t, d_model)` (within `max_position_embeddings`,
+    /// which the callers have checked).
+    fn position_rows(&self, start: usize, t: usize) -> candle::Result<Tensor> {
+        if start + t <= self.positions.dim(0)? {
+            return self.positions.narrow(0, start, t);
+        }
+        match self.spec.positions {
+            Positions::MarianSinusoidal => marian_position_rows(
+                start,
+                t,
+                self.spec.d_model,
+                self.positions.dtype(),
+                self.positions.device(),
+            ),
+        }
     }
 
     /// The key padding `(B, S)` `U8` (1 = padding) of a Hugging Face `attention_mask`
@@ -431,6 +520,12 @@ impl EncoderDecoderModel {
     /// The encoder's input: `input_ids` `(B, S)` checked against the vocabulary, embedded
     /// (scaled) with positions, `(B, S, d_model)`.
     fn encoder_input(&self, input_ids: &Tensor) -> candle::Result<Tensor> {
+        if input_ids.rank() == 2 && input_ids.dim(1)? == 0 {
+            candle::bail!(
+                "input_ids {:?} have no tokens: transformers refuses an empty input",
+                input_ids.dims()
+            )
+        }
         let ids = self.checked_ids(
             "input_ids",
             &input_ids.to_device(self.device())?,

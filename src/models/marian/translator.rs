@@ -5,7 +5,7 @@
 
 use super::model::MarianMTModel;
 use crate::explain::{AttentionMap, TeacherForcing};
-use crate::generation::{generate, GenerationConfig};
+use crate::generation::{generate, generate_hypotheses, GenerationConfig, Hypothesis};
 use crate::tokenizers::MarianTokenizer;
 use candle::{Device, Tensor};
 use std::path::Path;
@@ -72,9 +72,9 @@ impl MarianTranslator {
         self
     }
 
-    /// The ids of `text` (`</s>` appended), or an error when the model cannot take it (longer
-    /// than `max_position_embeddings`).
-    fn encode(&self, text: &str) -> candle::Result<Vec<u32>> {
+    /// The ids of `text` as the model reads it (`</s>` appended), or an error when the model
+    /// cannot take it (longer than `max_position_embeddings`).
+    pub fn encode(&self, text: &str) -> candle::Result<Vec<u32>> {
         let ids = self.tokenizer.encode(text)?;
         let max = self.model.config().max_position_embeddings;
         if ids.len() > max {
@@ -86,37 +86,76 @@ impl MarianTranslator {
         Ok(ids)
     }
 
-    /// Translates `texts` in padded batches: one result per text, in order. A text the model
-    /// cannot take (too long) gets its own error without failing the others; an error of the
-    /// model itself fails the call.
+    /// Generates for texts already encoded ([`MarianTranslator::encode`]), as one padded batch:
+    /// per text its `num_return_sequences` hypotheses, best first, with their scores. A
+    /// failure of one text never takes the others' results with it: when the batch fails, each
+    /// text is generated on its own and gets its own result (e.g. a translation that runs past
+    /// `max_position_embeddings` is an error for that text only). Rows of a padded batch are
+    /// independent, so batching does not change any output.
+    pub fn generate_encoded(
+        &self,
+        batch: &[Vec<u32>],
+    ) -> candle::Result<Vec<candle::Result<Vec<Hypothesis>>>> {
+        match self.generate_batch(batch) {
+            Ok(all) => Ok(all.into_iter().map(Ok).collect()),
+            Err(_) if batch.len() > 1 => Ok(batch
+                .iter()
+                .map(|ids| {
+                    self.generate_batch(std::slice::from_ref(ids))
+                        .map(|mut one| one.swap_remove(0))
+                })
+                .collect()),
+            Err(e) => Ok(vec![Err(e)]),
+        }
+    }
+
+    /// One padded batch through the model and the generation engine.
+    fn generate_batch(&self, batch: &[Vec<u32>]) -> candle::Result<Vec<Vec<Hypothesis>>> {
+        let (beams, max_length) = self.generation.search_size()?;
+        let source_len = batch.iter().map(Vec::len).max().unwrap_or(0);
+        self.model
+            .check_generation_memory(batch.len(), beams, source_len, max_length)?;
+        let padded = self.tokenizer.pad(batch.to_vec());
+        let (ids, mask) = padded.to_tensors(self.model.device())?;
+        let state = self.model.start(&ids, &mask)?;
+        generate_hypotheses(&self.model, state, batch.len(), &self.generation)
+    }
+
+    /// The text of a generated sequence, as `batch_decode(..., skip_special_tokens=True)`.
+    pub fn decode(&self, hypothesis: &Hypothesis) -> candle::Result<String> {
+        self.tokenizer.decode(&hypothesis.tokens, true)
+    }
+
+    /// Translates `texts` in padded batches of [`BATCH_SIZE`]: one result per text, in order,
+    /// the best hypothesis's text. A text the model cannot take (too long, or whose
+    /// translation fails) gets its own error without failing the others.
     pub fn translate<S: AsRef<str>>(
         &self,
         texts: &[S],
     ) -> candle::Result<Vec<candle::Result<String>>> {
-        let encoded: Vec<candle::Result<Vec<u32>>> =
-            texts.iter().map(|t| self.encode(t.as_ref())).collect();
-        let ok: Vec<usize> = (0..texts.len()).filter(|&i| encoded[i].is_ok()).collect();
-        let mut out: Vec<Option<String>> = vec![None; texts.len()];
-        for chunk in ok.chunks(BATCH_SIZE) {
-            let rows: Vec<Vec<u32>> = chunk
-                .iter()
-                .map(|&i| encoded[i].as_ref().cloned().unwrap_or_default())
-                .collect();
-            let batch = self.tokenizer.pad(rows);
-            let (ids, mask) = batch.to_tensors(self.model.device())?;
-            let state = self.model.start(&ids, &mask)?;
-            let sequences = generate(&self.model, state, chunk.len(), &self.generation)?;
-            for (&i, seq) in chunk.iter().zip(&sequences) {
-                out[i] = Some(self.tokenizer.decode(seq, true)?);
+        let mut out: Vec<Option<candle::Result<String>>> = (0..texts.len()).map(|_| None).collect();
+        let mut ok: Vec<(usize, Vec<u32>)> = Vec::with_capacity(texts.len());
+        for (i, t) in texts.iter().enumerate() {
+            match self.encode(t.as_ref()) {
+                Ok(ids) => ok.push((i, ids)),
+                Err(e) => out[i] = Some(Err(e)),
             }
         }
-        Ok(encoded
+        for chunk in ok.chunks(BATCH_SIZE) {
+            let rows: Vec<Vec<u32>> = chunk.iter().map(|(_, ids)| ids.clone()).collect();
+            for ((i, _), result) in chunk.iter().zip(self.generate_encoded(&rows)?) {
+                out[*i] = Some(result.and_then(|hyps| match hyps.first() {
+                    Some(best) => self.decode(best),
+                    None => Err(candle::Error::Msg(
+                        "generation returned no hypothesis".into(),
+                    )),
+                }));
+            }
+        }
+        Ok(out
             .into_iter()
-            .zip(out)
-            .map(|(enc, text)| match (enc, text) {
-                (Err(e), _) => Err(e),
-                (Ok(_), Some(text)) => Ok(text),
-                (Ok(_), None) => Err(candle::Error::Msg("internal: text not translated".into())),
+            .map(|r| {
+                r.unwrap_or_else(|| Err(candle::Error::Msg("internal: text not translated".into())))
             })
             .collect())
     }

@@ -173,8 +173,8 @@ pub(crate) fn round_to_half(isa: Isa, src: &[f32], f16: bool) -> Vec<u16> {
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod dot {
     #![allow(clippy::too_many_arguments)]
-    use crate::sdpa::cpu::avx512_half as k;
     use super::{Kind, BQ};
+    use crate::sdpa::cpu::avx512_half as k;
 
     /// Packs the query block for [`scores`]: word `p * BQ + i` = bf16 pair `(q[i][2p],
     /// q[i][2p + 1])`, into `qt` (`ceil(d / 2) * BQ` words used).
