@@ -5,10 +5,16 @@
 //! (The targets of the `attn` command's own parsers replay in
 //! `attn-cli/tests/fuzz_regressions.rs`.)
 
+#[path = "../fuzz/checks/hub_config.rs"]
+mod hub_config;
 #[path = "../fuzz/checks/load_weights.rs"]
 mod load_weights;
+#[path = "../fuzz/checks/marian_tokenizer.rs"]
+mod marian_tokenizer;
 #[path = "../fuzz/checks/masks.rs"]
 mod masks;
+#[path = "../fuzz/checks/spm_model.rs"]
+mod spm_model;
 
 use std::path::Path;
 
@@ -41,4 +47,19 @@ fn load_weights_inputs() {
 #[test]
 fn masks_inputs() {
     assert!(replay("masks", masks::check) >= 6);
+}
+
+#[test]
+fn spm_model_inputs() {
+    assert!(replay("spm_model", spm_model::check) >= 6);
+}
+
+#[test]
+fn hub_config_inputs() {
+    assert!(replay("hub_config", hub_config::check) >= 8);
+}
+
+#[test]
+fn marian_tokenizer_inputs() {
+    assert!(replay("marian_tokenizer", marian_tokenizer::check) >= 20);
 }
