@@ -99,6 +99,31 @@ pub struct TeacherForcing {
     pub translation: String,
 }
 
+impl AttentionMap {
+    /// For each output token (row), the source token (column) it attends to most, with the
+    /// weights averaged over the heads: a word alignment (ties go to the first source token).
+    pub fn alignment(&self) -> Vec<usize> {
+        let rows = self.output.len();
+        let cols = self.source.len();
+        (0..rows)
+            .map(|r| {
+                let mean = |c: usize| -> f32 {
+                    self.weights
+                        .iter()
+                        .map(|head| {
+                            head.get(r)
+                                .and_then(|row| row.get(c))
+                                .copied()
+                                .unwrap_or(0.0)
+                        })
+                        .sum()
+                };
+                (0..cols).fold(0, |best, c| if mean(c) > mean(best) { c } else { best })
+            })
+            .collect()
+    }
+}
+
 /// A translation model whose attention blocks [`Explanation`] can show: its two stacks and a
 /// traced teacher-forced pass. Models implement it (MarianMT in this crate; the `attn`
 /// command's number translator in its own crate).

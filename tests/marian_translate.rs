@@ -122,3 +122,60 @@ fn a_vocabulary_that_disagrees_with_the_model_is_refused() {
         .to_string();
     assert!(err.contains("323 tokens") && err.contains("324"), "{err}");
 }
+
+/// The n-best hypotheses of one padded batch and their scores are transformers'
+/// `generate(..., num_return_sequences=K, output_scores=True)`: sequences and
+/// `sequences_scores` (1e-4), for every beam setting of `nbest.json`.
+#[test]
+fn n_best_hypotheses_and_scores_equal_transformers() {
+    let fx: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir().join("nbest.json")).unwrap()).unwrap();
+    let base = MarianTranslator::from_dir(dir(), &Device::Cpu).unwrap();
+    let texts: Vec<&str> = fx["texts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    let encoded: Vec<Vec<u32>> = texts.iter().map(|t| base.encode(t).unwrap()).collect();
+    let mut compared = 0;
+    for setting in fx["beam"].as_array().unwrap() {
+        let kw = &setting["generate_kwargs"];
+        let mut cfg = base
+            .generation_config()
+            .clone()
+            .with_num_beams(kw["num_beams"].as_u64().unwrap() as usize)
+            .with_num_return_sequences(kw["num_return_sequences"].as_u64().unwrap() as usize);
+        if let Some(p) = kw.get("length_penalty") {
+            cfg = cfg.with_length_penalty(p.as_f64().unwrap());
+        }
+        let t = base.clone().with_generation_config(cfg);
+        let got = t.generate_encoded(&encoded).unwrap();
+        for (i, (hyps, want)) in got
+            .into_iter()
+            .zip(setting["items"].as_array().unwrap())
+            .enumerate()
+        {
+            let hyps = hyps.unwrap();
+            for (k, h) in hyps.iter().enumerate() {
+                let seq: Vec<u32> = want["sequences"][k]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_u64().unwrap() as u32)
+                    .collect();
+                assert_eq!(h.tokens, seq, "{} text {i} hypothesis {k}", setting["name"]);
+                let w = want["sequences_scores"][k].as_f64().unwrap() as f32;
+                assert!(
+                    (h.score - w).abs() <= 1e-4,
+                    "{} text {i} hypothesis {k}: {} vs {w}",
+                    setting["name"],
+                    h.score
+                );
+                assert_eq!(t.decode(h).unwrap(), want["texts"][k].as_str().unwrap());
+                compared += 1;
+            }
+        }
+    }
+    eprintln!("{compared} hypotheses: sequences equal, scores within 1e-4");
+}

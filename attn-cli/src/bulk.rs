@@ -18,6 +18,7 @@
 //!   all do) are generated once and share the result, which is exactly what each alone gives.
 
 use anyhow::Context;
+use candle_attention::explain::AttentionMap;
 use candle_attention::generation::Hypothesis;
 use candle_attention::marian::MarianTranslator;
 use serde_json::{Map, Value};
@@ -39,6 +40,13 @@ pub trait Engine {
     fn generate(&self, batch: &[Vec<u32>]) -> candle::Result<Vec<candle::Result<Vec<Hypothesis>>>>;
     /// The text of a hypothesis.
     fn decode(&self, hypothesis: &Hypothesis) -> candle::Result<String>;
+    /// Where a hypothesis generated from `source_ids` looked: the last decoder layer's
+    /// cross-attention, one row per generated token.
+    fn attention(
+        &self,
+        source_ids: &[u32],
+        hypothesis: &Hypothesis,
+    ) -> candle::Result<AttentionMap>;
 }
 
 impl Engine for MarianTranslator {
@@ -52,6 +60,14 @@ impl Engine for MarianTranslator {
 
     fn decode(&self, hypothesis: &Hypothesis) -> candle::Result<String> {
         MarianTranslator::decode(self, hypothesis)
+    }
+
+    fn attention(
+        &self,
+        source_ids: &[u32],
+        hypothesis: &Hypothesis,
+    ) -> candle::Result<AttentionMap> {
+        self.attention_map(source_ids, hypothesis, None)
     }
 }
 
@@ -76,6 +92,9 @@ pub struct Options {
     pub format: Format,
     /// Hypotheses per line in JSONL (`"n_best"`); 1 writes none.
     pub n_best: usize,
+    /// JSONL: for each generated token of the best hypothesis, the source token it attends to
+    /// most in the last decoder layer's cross-attention (`"alignments"`).
+    pub alignments: bool,
 }
 
 /// What one run did.
@@ -142,6 +161,9 @@ struct Item {
 enum Outcome {
     Translated {
         hypotheses: Vec<(String, Hypothesis)>,
+        /// With `--alignments`: (target token, source token, source position) per generated
+        /// token of the best hypothesis.
+        alignment: Option<Vec<(String, String, usize)>>,
     },
     Failed(String),
 }
@@ -188,15 +210,31 @@ fn parse(line: Result<&[u8], String>, format: Format) -> Item {
 fn render(item: &Item, outcome: &Outcome, options: &Options) -> String {
     match options.format {
         Format::Text => match outcome {
-            Outcome::Translated { hypotheses } => hypotheses[0].0.clone(),
+            Outcome::Translated { hypotheses, .. } => hypotheses[0].0.clone(),
             Outcome::Failed(_) => String::new(),
         },
         Format::Jsonl => {
             let mut map = item.fields.clone().unwrap_or_default();
             map.remove("text");
             match outcome {
-                Outcome::Translated { hypotheses } => {
+                Outcome::Translated {
+                    hypotheses,
+                    alignment,
+                } => {
                     let (best, hyp) = &hypotheses[0];
+                    if let Some(alignment) = alignment {
+                        let list = alignment
+                            .iter()
+                            .map(|(target, source, index)| {
+                                serde_json::json!({
+                                    "target": target,
+                                    "source": source,
+                                    "source_index": index,
+                                })
+                            })
+                            .collect();
+                        map.insert("alignments".into(), Value::Array(list));
+                    }
                     map.insert("translation".into(), Value::String(best.clone()));
                     map.insert("score".into(), score(hyp.score));
                     map.insert("log_prob".into(), score(hyp.log_prob));
@@ -221,6 +259,28 @@ fn render(item: &Item, outcome: &Outcome, options: &Options) -> String {
             Value::Object(map).to_string()
         }
     }
+}
+
+/// The alignment of `hypothesis` (from `source_ids`): per generated token, its label, and the
+/// label and position of the source token it attends to most.
+fn align(
+    engine: &impl Engine,
+    source_ids: &[u32],
+    hypothesis: &Hypothesis,
+) -> candle::Result<Vec<(String, String, usize)>> {
+    let map = engine.attention(source_ids, hypothesis)?;
+    Ok(map
+        .alignment()
+        .into_iter()
+        .zip(&map.output)
+        .map(|(j, target)| {
+            (
+                target.clone(),
+                map.source.get(j).cloned().unwrap_or_default(),
+                j,
+            )
+        })
+        .collect())
 }
 
 /// A score as JSON: a number, or `null` for a non-finite one (JSON has no infinities).
@@ -314,7 +374,17 @@ pub fn translate(
                         }) {
                             Ok(hypotheses) if !hypotheses.is_empty() => {
                                 summary.generated_tokens += hypotheses[0].1.tokens.len() - 1;
-                                Outcome::Translated { hypotheses }
+                                let alignment = options
+                                    .alignments
+                                    .then(|| align(engine, ids, &hypotheses[0].1))
+                                    .transpose();
+                                match alignment {
+                                    Ok(alignment) => Outcome::Translated {
+                                        hypotheses,
+                                        alignment,
+                                    },
+                                    Err(e) => Outcome::Failed(e.to_string()),
+                                }
                             }
                             Ok(_) => Outcome::Failed("generation returned no hypothesis".into()),
                             Err(e) => Outcome::Failed(e.to_string()),
@@ -408,6 +478,23 @@ mod tests {
         fn decode(&self, h: &Hypothesis) -> candle::Result<String> {
             Ok(h.tokens[1..].iter().map(|&b| b as u8 as char).collect())
         }
+        /// Output token `i` attends to source token `len - 1 - i` (it reverses).
+        fn attention(&self, ids: &[u32], h: &Hypothesis) -> candle::Result<AttentionMap> {
+            let n = ids.len();
+            let weights = (0..h.tokens.len() - 1)
+                .map(|i| (0..n).map(|j| f32::from(j + i + 1 == n)).collect())
+                .collect();
+            Ok(AttentionMap {
+                source: ids.iter().map(|&b| (b as u8 as char).to_string()).collect(),
+                output: h.tokens[1..]
+                    .iter()
+                    .map(|&b| (b as u8 as char).to_string())
+                    .collect(),
+                weights: vec![weights],
+                layer: 0,
+                num_layers: 1,
+            })
+        }
     }
 
     fn run(input: &[u8], options: &Options) -> (String, Vec<(usize, String)>, Summary) {
@@ -431,6 +518,7 @@ mod tests {
             max_batch_tokens: budget,
             format: Format::Text,
             n_best: 1,
+            alignments: false,
         }
     }
 
@@ -474,6 +562,7 @@ mod tests {
 "#;
         let options = Options {
             format: Format::Jsonl,
+            alignments: true,
             ..text(10, 100)
         };
         let (out, failures, summary) = run(input, &options);
@@ -487,6 +576,23 @@ mod tests {
         assert_eq!(lines[0]["lang"], "en");
         assert_eq!(lines[0]["score"], -1.0);
         assert!(lines[0].get("text").is_none());
+        let alignment: Vec<(String, String, u64)> = lines[0]["alignments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                (
+                    a["target"].as_str().unwrap().to_string(),
+                    a["source"].as_str().unwrap().to_string(),
+                    a["source_index"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        let pair = |t: &str, s: &str, i| (t.to_string(), s.to_string(), i);
+        assert_eq!(
+            alignment,
+            vec![pair("c", "c", 2), pair("b", "b", 1), pair("a", "a", 0)]
+        );
         assert_eq!(lines[1]["id"], "x");
         assert!(lines[1]["error"].as_str().unwrap().contains("ran past"));
         assert!(lines[2]["error"].as_str().unwrap().contains("object"));

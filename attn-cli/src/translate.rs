@@ -52,6 +52,11 @@ pub struct TranslateArgs {
     /// ("n_best": translation, score, log_prob); needs --beam K or more.
     #[arg(long, requires = "model", value_name = "K", default_value_t = 1)]
     n_best: usize,
+    /// With --model and --format jsonl: for each generated token of the best translation, the
+    /// source token it attends to most in the last decoder layer ("alignments": target,
+    /// source, source_index). Costs one teacher-forced pass per line.
+    #[arg(long, requires = "model")]
+    alignments: bool,
     /// With --model: the most padded source tokens (rows × longest row) in one batch. Lines
     /// are read ahead, sorted by length and batched within this budget.
     #[arg(long, requires = "model", value_name = "N", default_value_t = DEFAULT_MAX_BATCH_TOKENS)]
@@ -153,6 +158,9 @@ fn run_marian(args: &TranslateArgs, dir: &std::path::Path, heads: Heads) -> anyh
             args.n_best
         );
     }
+    if args.alignments && args.format != bulk::Format::Jsonl {
+        anyhow::bail!("--alignments needs --format jsonl");
+    }
     if args.max_batch_tokens == 0 || args.window == 0 {
         anyhow::bail!("--max-batch-tokens and --window must be at least 1");
     }
@@ -178,6 +186,7 @@ fn run_marian(args: &TranslateArgs, dir: &std::path::Path, heads: Heads) -> anyh
         max_batch_tokens: args.max_batch_tokens,
         format: args.format,
         n_best: args.n_best,
+        alignments: args.alignments,
     };
     let input: Box<dyn BufRead + Send> = match (&args.input, args.texts.is_empty()) {
         (Some(path), _) => Box::new(std::io::BufReader::new(

@@ -211,14 +211,35 @@ impl MarianTranslator {
         layer: Option<usize>,
     ) -> candle::Result<AttentionMap> {
         let ids = self.encode(text)?;
+        let hypothesis = self
+            .generate_encoded(std::slice::from_ref(&ids))?
+            .swap_remove(0)?
+            .swap_remove(0);
+        let mut map = self.attention_map(&ids, &hypothesis, layer)?;
+        // Columns labelled by the text's own pieces (`</s>` last) where they line up with the
+        // ids (a piece missing from vocab.json is `<unk>` as an id but keeps its text here).
+        let mut pieces = self.tokenizer.pieces(text)?;
+        pieces.push(map.source.last().cloned().unwrap_or_default());
+        if pieces.len() == ids.len() {
+            map.source = pieces;
+        }
+        Ok(map)
+    }
+
+    /// Where `hypothesis` (generated from `source_ids`) looked: the encoder-decoder attention
+    /// of decoder `layer` (default: the last) over the source pieces (`</s>` last), per head,
+    /// one row per generated token, from a teacher-forced pass over the hypothesis (what
+    /// [`AttentionMap::alignment`] turns into word alignments).
+    pub fn attention_map(
+        &self,
+        source_ids: &[u32],
+        hypothesis: &Hypothesis,
+        layer: Option<usize>,
+    ) -> candle::Result<AttentionMap> {
         let device = self.model.device();
-        let input = Tensor::new(ids.as_slice(), device)?.unsqueeze(0)?;
+        let sequence = &hypothesis.tokens;
+        let input = Tensor::new(source_ids, device)?.unsqueeze(0)?;
         let mask = input.ones_like()?;
-        let state = self.model.start(&input, &mask)?;
-        let sequence = generate(&self.model, state, 1, &self.generation)?
-            .into_iter()
-            .next()
-            .unwrap_or_default();
         // Rows: the generated tokens, fed as the decoder input shifted by the start token.
         let generated = &sequence[1.min(sequence.len())..];
         let decoder_input = &sequence[..sequence.len().saturating_sub(1)];
@@ -240,15 +261,8 @@ impl MarianTranslator {
                 .id_to_token(id)
                 .map_or_else(|| format!("<{id}>"), str::to_string)
         };
-        let mut source = self.tokenizer.pieces(text)?;
-        source.push(label(self.tokenizer.eos_id()));
-        if source.len() != ids.len() {
-            // Pieces and ids disagree only if the tokenizer maps a piece to several ids; label
-            // by id then.
-            source = ids.iter().map(|&id| label(id)).collect();
-        }
         Ok(AttentionMap {
-            source,
+            source: source_ids.iter().map(|&id| label(id)).collect(),
             output: generated.iter().map(|&id| label(id)).collect(),
             weights,
             layer,
