@@ -5,11 +5,12 @@
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
+mod run_attn;
 
+use run_attn::attn;
 use serde_json::Value;
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 fn e2e() -> PathBuf {
     common::repo_root().join("tests/fixtures/marian_e2e")
@@ -17,24 +18,6 @@ fn e2e() -> PathBuf {
 
 fn nbest() -> Value {
     serde_json::from_str(&std::fs::read_to_string(e2e().join("nbest.json")).unwrap()).unwrap()
-}
-
-fn attn(args: &[&str], stdin: &[u8]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_attn"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    let data = stdin.to_vec();
-    let writer = std::thread::spawn(move || {
-        let _ = input.write_all(&data);
-    });
-    let out = child.wait_with_output().unwrap();
-    writer.join().unwrap();
-    out
 }
 
 fn jsonl(texts: &[&str]) -> Vec<u8> {
@@ -46,6 +29,16 @@ fn jsonl(texts: &[&str]) -> Vec<u8> {
         })
         .collect::<String>()
         .into_bytes()
+}
+
+/// The fixture's texts.
+fn fixture_texts(fx: &Value) -> Vec<&str> {
+    fx["texts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect()
 }
 
 fn objects(out: &Output) -> Vec<Value> {
@@ -61,12 +54,7 @@ fn objects(out: &Output) -> Vec<Value> {
 #[test]
 fn n_best_scores_are_transformers_sequences_scores() {
     let fx = nbest();
-    let texts: Vec<&str> = fx["texts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_str().unwrap())
-        .collect();
+    let texts = fixture_texts(&fx);
     let setting = &fx["beam"][0];
     assert_eq!(setting["name"], "beam4_nbest4");
     let d = e2e();
@@ -126,12 +114,7 @@ fn n_best_scores_are_transformers_sequences_scores() {
 #[test]
 fn greedy_log_probs_are_the_sum_of_transformers_scores() {
     let fx = nbest();
-    let texts: Vec<&str> = fx["texts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_str().unwrap())
-        .collect();
+    let texts = fixture_texts(&fx);
     let d = e2e();
     let out = attn(
         &[

@@ -10,28 +10,9 @@ mod run_inputs;
 #[path = "../../fuzz/checks/tokenizer.rs"]
 mod tokenizer;
 
-use std::path::Path;
-
-/// Runs `check` on every file under `fuzz/{seeds,regressions}/<target>`; returns how many.
-fn replay(target: &str, check: fn(&[u8])) -> usize {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
-    let mut n = 0;
-    for dir in ["seeds", "regressions"] {
-        let dir = root.join(dir).join(target);
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        let mut files: Vec<_> = entries.map(|e| e.unwrap().path()).collect();
-        files.sort();
-        for file in files {
-            let data = std::fs::read(&file).unwrap();
-            let result = std::panic::catch_unwind(|| check(&data));
-            assert!(result.is_ok(), "{target}: {} fails again", file.display());
-            n += 1;
-        }
-    }
-    n
-}
+#[path = "../../tests/common/mod.rs"]
+mod common;
+use common::fuzz::replay;
 
 #[test]
 fn run_inputs_inputs() {

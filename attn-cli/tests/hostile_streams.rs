@@ -5,33 +5,16 @@
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
+mod run_attn;
 
 use candle::{Device, Tensor};
 use candle_attention::save_tensors;
-use std::io::Write;
+use run_attn::attn as attn_with_stdin;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 fn e2e() -> PathBuf {
     common::repo_root().join("tests/fixtures/marian_e2e")
-}
-
-fn attn_with_stdin(args: &[&str], stdin: &[u8]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_attn"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    let data = stdin.to_vec();
-    let writer = std::thread::spawn(move || {
-        let _ = input.write_all(&data);
-    });
-    let out = child.wait_with_output().unwrap();
-    writer.join().unwrap();
-    out
 }
 
 fn attn(args: &[&str]) -> Output {

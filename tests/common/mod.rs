@@ -1,6 +1,9 @@
 //! Helpers shared by the integration tests: the fixture manifest and tensor comparison.
 #![allow(dead_code)]
 
+pub mod explain;
+pub mod fuzz;
+
 use candle::{DType, Tensor};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
