@@ -52,6 +52,16 @@ pub fn device_from_name(name: &str) -> candle::Result<Device> {
     }
 }
 
+/// The memory this machine can still give a process, in bytes (`MemAvailable` of
+/// `/proc/meminfo`); `None` where that is not known (not Linux, or unreadable). Used to refuse
+/// work that cannot fit before allocating it, instead of being killed or aborting.
+pub fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,14 +82,4 @@ mod tests {
             assert!(err.contains("--features metal"), "{err}");
         }
     }
-}
-
-/// The memory this machine can still give a process, in bytes (`MemAvailable` of
-/// `/proc/meminfo`); `None` where that is not known (not Linux, or unreadable). Used to refuse
-/// work that cannot fit before allocating it, instead of being killed or aborting.
-pub fn available_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
 }
