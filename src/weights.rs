@@ -7,6 +7,10 @@
 //! exist. Only the tensors asked for are copied out of the mapping, so loading a checkpoint
 //! takes its tensors' memory once, not the file's twice.
 //!
+//! [`PthCheckpoint`] reads torch zip checkpoints (`pytorch_model.bin`, `torch.save(state_dict)`)
+//! with this crate's own unpickler, which refuses any global outside a torch state dict's and
+//! validates every tensor against its storage when the file opens (`weights/pth.rs`).
+//!
 //! Everywhere this crate takes a [`VarBuilder`], candle's own
 //! `VarBuilder::from_mmaped_safetensors` works as well (it cannot read `BOOL` tensors, which
 //! only masks and inputs use).
@@ -29,6 +33,9 @@ use safetensors::SafeTensors;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
+
+mod pth;
+pub use pth::{PthCheckpoint, PthTensorInfo};
 
 /// The name and shape of one tensor stored in a [`TensorFile`].
 #[derive(Clone, Debug, PartialEq, Eq)]
