@@ -339,6 +339,26 @@ fn tensor_infos(metadata: &Metadata) -> BTreeMap<String, TensorInfo> {
         .collect()
 }
 
+/// The error for a weight stored as an integer (or bool) tensor where a model asks for a
+/// floating-point one: casting it would turn token ids or masks into plausible-looking
+/// weights.
+pub(crate) fn refuse_int_as_float(
+    name: &str,
+    origin: &str,
+    stored: DType,
+    wanted: DType,
+) -> candle::Result<()> {
+    if stored.is_int() && wanted.is_float() {
+        candle::bail!(
+            "tensor '{name}' in {origin} is stored as {stored:?} (integers), but the model needs \
+             floating-point weights ({wanted:?}): refused rather than cast"
+        )
+    }
+    Ok(())
+}
+
+/// The [`VarBuilder`] backend: tensors converted to the dtype asked for, except integer ones
+/// asked for as floats ([`refuse_int_as_float`]).
 impl candle_nn::var_builder::SimpleBackend for TensorFile {
     fn get(
         &self,
@@ -356,11 +376,13 @@ impl candle_nn::var_builder::SimpleBackend for TensorFile {
                 s.dims()
             )
         }
-        self.load_as(name, dtype, dev)
+        self.get_unchecked(name, dtype, dev)
     }
 
     fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle::Result<Tensor> {
-        self.load_as(name, dtype, dev)
+        let t = self.load(name, dev)?;
+        refuse_int_as_float(name, &self.inner.origin, t.dtype(), dtype)?;
+        t.to_dtype(dtype)
     }
 
     fn contains_tensor(&self, name: &str) -> bool {
