@@ -1890,8 +1890,14 @@ fn tensor_info(
         .try_fold(1usize, |a, &d| a.checked_mul(d))
         .filter(|&c| c <= elements)
         .ok_or_else(|| {
+            let hint = if strides.contains(&0) {
+                " (a broadcast view, stride 0: save it .contiguous())"
+            } else {
+                ""
+            };
             format!(
-                "has shape {shape:?}, more elements than its storage '{key}' holds ({elements})"
+                "has shape {shape:?}, more elements than its storage '{key}' holds \
+                 ({elements}){hint}"
             )
         })?;
     // The elements the view spans, from its first to its last.
