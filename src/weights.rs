@@ -358,7 +358,7 @@ pub(crate) fn refuse_int_as_float(
 }
 
 /// The [`VarBuilder`] backend: tensors converted to the dtype asked for, except integer ones
-/// asked for as floats ([`refuse_int_as_float`]).
+/// asked for as floats (an error naming the tensor, not a cast).
 impl candle_nn::var_builder::SimpleBackend for TensorFile {
     fn get(
         &self,
