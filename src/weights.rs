@@ -7,6 +7,10 @@
 //! exist. Only the tensors asked for are copied out of the mapping, so loading a checkpoint
 //! takes its tensors' memory once, not the file's twice.
 //!
+//! [`PthCheckpoint`] reads torch zip checkpoints (`pytorch_model.bin`, `torch.save(state_dict)`)
+//! with this crate's own unpickler, which refuses any global outside a torch state dict's and
+//! validates every tensor against its storage when the file opens (`weights/pth.rs`).
+//!
 //! Everywhere this crate takes a [`VarBuilder`], candle's own
 //! `VarBuilder::from_mmaped_safetensors` works as well (it cannot read `BOOL` tensors, which
 //! only masks and inputs use).
@@ -35,6 +39,9 @@ use safetensors::SafeTensors;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
+
+mod pth;
+pub use pth::{PthCheckpoint, PthTensorInfo};
 
 /// The name and shape of one tensor stored in a [`TensorFile`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -338,6 +345,26 @@ fn tensor_infos(metadata: &Metadata) -> BTreeMap<String, TensorInfo> {
         .collect()
 }
 
+/// The error for a weight stored as an integer (or bool) tensor where a model asks for a
+/// floating-point one: casting it would turn token ids or masks into plausible-looking
+/// weights.
+pub(crate) fn refuse_int_as_float(
+    name: &str,
+    origin: &str,
+    stored: DType,
+    wanted: DType,
+) -> candle::Result<()> {
+    if stored.is_int() && wanted.is_float() {
+        candle::bail!(
+            "tensor '{name}' in {origin} is stored as {stored:?} (integers), but the model needs \
+             floating-point weights ({wanted:?}): refused rather than cast"
+        )
+    }
+    Ok(())
+}
+
+/// The [`VarBuilder`] backend: tensors converted to the dtype asked for, except integer ones
+/// asked for as floats (an error naming the tensor, not a cast).
 impl candle_nn::var_builder::SimpleBackend for TensorFile {
     fn get(
         &self,
@@ -355,11 +382,13 @@ impl candle_nn::var_builder::SimpleBackend for TensorFile {
                 s.dims()
             )
         }
-        self.load_as(name, dtype, dev)
+        self.get_unchecked(name, dtype, dev)
     }
 
     fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle::Result<Tensor> {
-        self.load_as(name, dtype, dev)
+        let t = self.load(name, dev)?;
+        refuse_int_as_float(name, &self.inner.origin, t.dtype(), dtype)?;
+        t.to_dtype(dtype)
     }
 
     fn contains_tensor(&self, name: &str) -> bool {

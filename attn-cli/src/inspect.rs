@@ -1,11 +1,14 @@
-//! `attn inspect`: what a safetensors file holds and which layout it follows.
+//! `attn inspect`: what a safetensors file or a torch checkpoint holds and which layout it
+//! follows.
 
+use candle_attention::weights::PthCheckpoint;
 use candle_attention::{MhaWeightsInfo, TensorFile};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args, Debug)]
 pub struct InspectArgs {
-    /// A .safetensors file, or a Hugging Face MarianMT directory.
+    /// A .safetensors file, a torch checkpoint (pytorch_model.bin, *.pt: a zip archive written
+    /// by torch.save), or a Hugging Face MarianMT directory.
     file: PathBuf,
     /// Print one JSON object instead of a table.
     #[arg(long)]
@@ -15,6 +18,9 @@ pub struct InspectArgs {
 pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     if args.file.is_dir() {
         return crate::marian::inspect_dir(&args.file, args.json);
+    }
+    if is_torch_checkpoint(&args.file) {
+        return inspect_pth(&args.file, args.json);
     }
     let file = TensorFile::open(&args.file)?;
     let tensors = file.summaries();
@@ -66,6 +72,60 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
             ),
             Err(e) => println!("attention block with inconsistent weights: {e}"),
         }
+    }
+    Ok(())
+}
+
+/// A torch checkpoint by its extension, or by the zip signature of a file not named
+/// `.safetensors`.
+fn is_torch_checkpoint(path: &Path) -> bool {
+    use std::io::Read;
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("safetensors") => false,
+        Some("bin" | "pt" | "pth") => true,
+        _ => {
+            let mut magic = [0u8; 4];
+            std::fs::File::open(path)
+                .and_then(|mut f| f.read_exact(&mut magic))
+                .is_ok()
+                && magic == *b"PK\x03\x04"
+        }
+    }
+}
+
+/// `attn inspect FILE.bin`: the tensors of a torch checkpoint, validated by the reader when it
+/// opens (an empty or lying checkpoint is an error here, not a table).
+fn inspect_pth(path: &Path, json: bool) -> anyhow::Result<()> {
+    let ckpt = PthCheckpoint::open(path)?;
+    let infos: Vec<(&str, &candle_attention::weights::PthTensorInfo)> = ckpt
+        .names()
+        .into_iter()
+        .filter_map(|n| ckpt.info(n).map(|i| (n, i)))
+        .collect();
+    let parameters: usize = infos.iter().map(|(_, i)| i.elem_count()).sum();
+    if json {
+        let json = serde_json::json!({
+            "file": ckpt.origin(),
+            "format": "torch zip checkpoint",
+            "tensors": infos.iter().map(|(n, i)| serde_json::json!({
+                "name": n, "dtype": i.torch_dtype(), "shape": i.shape(),
+                "parameters": i.elem_count(),
+            })).collect::<Vec<_>>(),
+            "parameters": parameters,
+        });
+        println!("{}", serde_json::to_string_pretty(&json)?);
+        return Ok(());
+    }
+    println!(
+        "{}: torch checkpoint, {} tensors, {} parameters",
+        ckpt.origin(),
+        infos.len(),
+        parameters
+    );
+    let width = infos.iter().map(|(n, _)| n.len()).max().unwrap_or(4).max(4);
+    println!("{:width$}  {:8}  shape", "name", "dtype");
+    for (n, i) in &infos {
+        println!("{:width$}  {:8}  {:?}", n, i.torch_dtype(), i.shape());
     }
     Ok(())
 }

@@ -145,6 +145,45 @@ fn inspect_recognises_a_marian_directory() {
 }
 
 #[test]
+fn inspect_reads_a_torch_checkpoint_and_refuses_one_that_lies() {
+    let bin = fixtures().join("marian/gelu_noscale/pytorch_model.bin");
+    let text = ok(&["inspect", bin.to_str().unwrap()]);
+    assert!(
+        text.contains("torch checkpoint") && text.contains("lm_head.weight"),
+        "{text}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&["inspect", bin.to_str().unwrap(), "--json"])).unwrap();
+    assert!(json["parameters"].as_u64().unwrap() > 10_000);
+    let text = ok(&[
+        "inspect",
+        fixtures().join("marian/gelu_noscale").to_str().unwrap(),
+    ]);
+    assert!(text.contains("pytorch_model.bin"), "{text}");
+
+    // A checkpoint with no tensor, one whose storage claims 10^12 elements, one that names
+    // posix.system: errors, as a file and as the weights of a Marian directory.
+    for (file, why) in [
+        ("empty.pt", "holds no tensor"),
+        ("huge_storage.pt", "1000000000000 elements"),
+        ("smuggled_posix_system.pt", "'posix.system'"),
+    ] {
+        let path = fixtures().join("pth/refused").join(file);
+        let err = fails(&["inspect", path.to_str().unwrap()]);
+        assert!(err.contains(why) && err.contains(file), "{file}: {err}");
+        let dir = tempfile::tempdir().unwrap();
+        let src = fixtures().join("marian/gelu_noscale");
+        std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
+        std::fs::copy(&path, dir.path().join("pytorch_model.bin")).unwrap();
+        let err = fails(&["inspect", dir.path().to_str().unwrap()]);
+        assert!(
+            err.contains(why) && err.contains("pytorch_model.bin"),
+            "{file}: {err}"
+        );
+    }
+}
+
+#[test]
 fn translate_with_a_marian_directory_equals_the_pipeline() {
     let dir = fixtures().join("marian_e2e");
     let exp: serde_json::Value =

@@ -1,13 +1,14 @@
 //! Where a Hugging Face model directory keeps its weights: `model.safetensors` (read through
-//! [`TensorFile`]) or `pytorch_model.bin` (a torch pickle, read through candle's `PthTensors`),
-//! behind one [`VarBuilder`] whose errors name the missing tensor and the ones that exist.
+//! [`TensorFile`]) or `pytorch_model.bin` (a torch zip pickle, read through this crate's own
+//! validating reader, [`PthCheckpoint`]), behind one [`VarBuilder`] whose errors name the
+//! missing tensor and the ones that exist. Integer weights are refused where the model needs
+//! floating-point ones.
 
-use crate::weights::TensorFile;
-use candle::pickle::PthTensors;
+use crate::weights::{PthCheckpoint, TensorFile};
 use candle::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::VarBuilder;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The weight files a model directory may hold, in the order they are tried.
 pub const WEIGHT_FILES: [&str; 2] = ["model.safetensors", "pytorch_model.bin"];
@@ -18,8 +19,9 @@ pub enum Checkpoint {
     /// `model.safetensors` (memory-mapped; its `f32` weights can stay in place, see
     /// [`crate::weights::WeightSource::in_place`]).
     Safetensors(TensorFile),
-    /// `pytorch_model.bin` (a torch zip pickle); tensors are read one at a time.
-    Pth(std::sync::Arc<PthTensors>, PathBuf),
+    /// `pytorch_model.bin` (a torch zip pickle, validated when opened); tensors are read one
+    /// at a time.
+    Pth(PthCheckpoint),
 }
 
 impl Checkpoint {
@@ -50,18 +52,18 @@ impl Checkpoint {
         )
     }
 
-    /// Opens one weight file, by its extension (`.safetensors`, else a torch pickle).
+    /// Opens one weight file, by its extension (`.safetensors`, else a torch zip pickle). A
+    /// file without any tensor is refused (as is a torch checkpoint that fails
+    /// [`PthCheckpoint`]'s validation).
     pub fn open(path: &Path) -> candle::Result<Self> {
         if path.extension().is_some_and(|e| e == "safetensors") {
-            return Ok(Self::Safetensors(TensorFile::open(path)?));
+            let file = TensorFile::open(path)?;
+            if file.names().is_empty() {
+                candle::bail!("{}: holds no tensor", file.origin())
+            }
+            return Ok(Self::Safetensors(file));
         }
-        let pth = PthTensors::new(path, None).map_err(|e| {
-            candle::Error::Msg(format!(
-                "{} is not a readable torch checkpoint (pytorch_model.bin): {e}",
-                path.display()
-            ))
-        })?;
-        Ok(Self::Pth(std::sync::Arc::new(pth), path.to_path_buf()))
+        Ok(Self::Pth(PthCheckpoint::open(path)?))
     }
 
     /// The safetensors file, whose `f32` weights can be used in place (`None` for a torch
@@ -77,7 +79,7 @@ impl Checkpoint {
     pub fn origin(&self) -> String {
         match self {
             Self::Safetensors(f) => f.origin().to_string(),
-            Self::Pth(_, path) => path.display().to_string(),
+            Self::Pth(p) => p.origin().to_string(),
         }
     }
 
@@ -85,7 +87,7 @@ impl Checkpoint {
     pub fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = match self {
             Self::Safetensors(f) => f.names().into_iter().map(String::from).collect(),
-            Self::Pth(p, _) => p.tensor_infos().keys().cloned().collect(),
+            Self::Pth(p) => p.names().into_iter().map(String::from).collect(),
         };
         names.sort();
         names
@@ -95,7 +97,7 @@ impl Checkpoint {
     pub fn contains(&self, name: &str) -> bool {
         match self {
             Self::Safetensors(f) => f.contains(name),
-            Self::Pth(p, _) => p.tensor_infos().contains_key(name),
+            Self::Pth(p) => p.contains(name),
         }
     }
 
@@ -103,10 +105,7 @@ impl Checkpoint {
     pub fn shape_of(&self, name: &str) -> Option<Vec<usize>> {
         match self {
             Self::Safetensors(f) => f.shape_of(name).ok(),
-            Self::Pth(p, _) => p
-                .tensor_infos()
-                .get(name)
-                .map(|i| i.layout.shape().dims().to_vec()),
+            Self::Pth(p) => p.info(name).map(|i| i.shape().to_vec()),
         }
     }
 
@@ -129,10 +128,11 @@ impl Checkpoint {
                 "F64" => Some(DType::F64),
                 _ => None,
             }),
-            Self::Pth(p, _) => p
-                .tensor_infos()
-                .values()
-                .map(|i| i.dtype)
+            Self::Pth(p) => p
+                .names()
+                .into_iter()
+                .filter_map(|n| p.info(n))
+                .map(|i| i.dtype())
                 .find(|d| d.is_float()),
         }
     }
@@ -192,9 +192,11 @@ impl SimpleBackend for Checkpoint {
     fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle::Result<Tensor> {
         let t = match self {
             Self::Safetensors(f) => f.load(name, dev)?,
-            Self::Pth(p, _) => p.get(name)?.ok_or_else(|| self.not_found(name))?,
+            Self::Pth(p) if !p.contains(name) => return Err(self.not_found(name)),
+            Self::Pth(p) => p.load(name, dev)?,
         };
-        t.to_device(dev)?.to_dtype(dtype)
+        crate::weights::refuse_int_as_float(name, &self.origin(), t.dtype(), dtype)?;
+        t.to_dtype(dtype)
     }
 
     fn contains_tensor(&self, name: &str) -> bool {
