@@ -14,7 +14,7 @@ seconds=${1:-600}
 shift || true
 targets=("$@")
 if [[ ${#targets[@]} -eq 0 ]]; then
-  targets=(load_weights run_inputs masks tokenizer)
+  targets=(load_weights run_inputs masks tokenizer pth_reader)
 fi
 mkdir -p logs
 cargo +nightly fuzz build -O

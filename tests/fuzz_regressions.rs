@@ -7,6 +7,8 @@
 mod load_weights;
 #[path = "../fuzz/checks/masks.rs"]
 mod masks;
+#[path = "../fuzz/checks/pth_reader.rs"]
+mod pth_reader;
 #[path = "../fuzz/checks/run_inputs.rs"]
 mod run_inputs;
 #[path = "../fuzz/checks/tokenizer.rs"]
@@ -53,4 +55,9 @@ fn masks_inputs() {
 #[test]
 fn tokenizer_inputs() {
     assert!(replay("tokenizer", tokenizer::check) >= 20);
+}
+
+#[test]
+fn pth_reader_inputs() {
+    assert!(replay("pth_reader", pth_reader::check) >= 20);
 }
