@@ -9,10 +9,12 @@ import os
 import random
 import struct
 import sys
+import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEEDS = os.path.join(ROOT, "fuzz", "seeds")
 MHA = os.path.join(ROOT, "tests", "fixtures", "mha")
+PTH = os.path.join(ROOT, "tests", "fixtures", "pth")
 TRANSFORMER = os.path.join(ROOT, "tests", "fixtures", "transformer")
 
 
@@ -129,11 +131,64 @@ def tokenizer_seeds():
     write("tokenizer", "unicode", "Zwölf — ＴＷＥＬＶＥ \u0301 \ud7ff".encode("utf-8", "surrogatepass"))
 
 
+def pth_seeds():
+    """pth_reader: small torch checkpoints written by torch (tests/fixtures/pth), the bare
+    data.pkl of some (the check also wraps its input in an archive with storages 0..15), and
+    hand-made hostile pickles: deep nesting, memo blow-up, foreign globals, lying sizes."""
+    def zip_of(pkl, storages=(), byteorder=b"little"):
+        import io
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+            z.writestr("archive/data.pkl", pkl)
+            z.writestr("archive/byteorder", byteorder)
+            for k, data in storages:
+                z.writestr(f"archive/data/{k}", data)
+            z.writestr("archive/version", "3\n")
+        return buf.getvalue()
+
+    def s(x):
+        return b"X" + struct.pack("<I", len(x)) + x.encode()
+
+    def tensor(cls, key, numel, offset, size, stride):
+        ints = lambda v: b"(" + b"".join(b"J" + struct.pack("<i", i) for i in v) + b"t"
+        return (b"ctorch._utils\n_rebuild_tensor_v2\n((" + s("storage") + b"ctorch\n" + cls
+                + b"\n" + s(key) + s("cpu") + b"\x8a\x08" + struct.pack("<q", numel) + b"tQ"
+                + b"J" + struct.pack("<i", offset) + ints(size) + ints(stride)
+                + b"\x89ccollections\nOrderedDict\n)RtR")
+
+    for name in ["dtypes.pt", "views.pt", "module.pt", "nested.pt", "params.pt", "protocol1.pt",
+                 "protocol4.pt", "big_endian.pt", "refused/expanded.pt", "refused/int8.pt",
+                 "refused/empty.pt", "refused/huge_storage.pt", "refused/deflated.pt",
+                 "refused/smuggled_posix_system.pt", "refused/legacy.pt"]:
+        data = read(os.path.join(PTH, name))
+        seed = name.replace("refused/", "refused_").replace(".pt", "")
+        write("pth_reader", seed, data)
+        if zipfile.is_zipfile(os.path.join(PTH, name)) and not name.startswith("refused/"):
+            z = zipfile.ZipFile(os.path.join(PTH, name))
+            pkl = [n for n in z.namelist() if n.endswith("/data.pkl")][0]
+            write("pth_reader", f"{seed}.pkl", z.read(pkl))
+    f32 = struct.pack("<6f", *range(6))
+    one = b"\x80\x02}(" + s("w") + tensor(b"FloatStorage", "0", 6, 0, [2, 3], [3, 1])
+    write("pth_reader", "crafted_one", zip_of(one + b"u.", [("0", f32)]))
+    write("pth_reader", "crafted_one.pkl", one + b"u.")
+    write("pth_reader", "crafted_strided.pkl", b"\x80\x02}(" + s("t") + tensor(b"FloatStorage", "1", 6, 1, [3, 2], [1, 3]) + b"u.")
+    write("pth_reader", "deep_marks.pkl", b"\x80\x02" + b"(" * 5000 + b".")
+    write("pth_reader", "deep_tuples.pkl", b"\x80\x02N" + b"\x85" * 5000 + b".")
+    memo = b"\x80\x02}(" + s("w") + tensor(b"FloatStorage", "0", 6, 0, [6], [1]) + s("junk") + b"]q\x00Na"
+    for i in range(40):
+        memo += b"](h" + bytes([i]) + b"h" + bytes([i]) + b"eq" + bytes([i + 1])
+    write("pth_reader", "memo_blowup.pkl", memo + b"u.")
+    write("pth_reader", "posix_system.pkl", one + s("unused") + b"cposix\nsystem\n" + s("true") + b"\x85Ru.")
+    write("pth_reader", "huge_storage", zip_of(b"\x80\x02}(" + s("w") + tensor(b"FloatStorage", "0", 10**12, 0, [10**6, 10**6], [10**6, 1]) + b"u.", [("0", bytes(16))]))
+    write("pth_reader", "big_endian_crafted", zip_of(one + b"u.", [("0", struct.pack(">6f", *range(6)))], b"big"))
+
+
 if __name__ == "__main__":
     weights_seeds()
     input_seeds()
     mask_seeds()
     tokenizer_seeds()
+    pth_seeds()
     for t in sorted(os.listdir(SEEDS)):
         files = os.listdir(os.path.join(SEEDS, t))
         size = sum(os.path.getsize(os.path.join(SEEDS, t, f)) for f in files)

@@ -13,6 +13,8 @@ mod load_weights;
 mod marian_tokenizer;
 #[path = "../fuzz/checks/masks.rs"]
 mod masks;
+#[path = "../fuzz/checks/pth_reader.rs"]
+mod pth_reader;
 #[path = "../fuzz/checks/spm_model.rs"]
 mod spm_model;
 
@@ -42,4 +44,9 @@ fn hub_config_inputs() {
 #[test]
 fn marian_tokenizer_inputs() {
     assert!(replay("marian_tokenizer", marian_tokenizer::check) >= 20);
+}
+
+#[test]
+fn pth_reader_inputs() {
+    assert!(replay("pth_reader", pth_reader::check) >= 20);
 }
