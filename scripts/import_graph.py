@@ -42,25 +42,85 @@ def strip(text: str) -> str:
     return "".join(out)
 
 
+def expand(tree: str) -> list:
+    """The paths of one use tree (`a::{b, c::{d, e}}` -> a::b, a::c::d, a::c::e)."""
+    tree = tree.strip()
+    i = tree.find("{")
+    if i < 0:
+        return [tree]
+    prefix, inner = tree[:i], tree[i + 1 : tree.rindex("}")]
+    items, depth, start = [], 0, 0
+    for j, ch in enumerate(inner):
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            items.append(inner[start:j])
+            start = j + 1
+    items.append(inner[start:])
+    return [p for item in items if item.strip() for p in expand(prefix + item.strip())]
+
+
+def paths_named(text: str):
+    """(head, [segments]) of every `crate::`, `super::` or `self::` path, braces expanded."""
+    for m in re.finditer(r"\b(crate|super|self)::", text):
+        # The path runs on through identifiers, `::` and balanced `{...}` groups.
+        j, depth = m.end(), 0
+        while j < len(text):
+            ch = text[j]
+            if ch == "{":
+                depth += 1
+            elif ch == "}":
+                if depth == 0:
+                    break
+                depth -= 1
+            elif not (ch.isalnum() or ch in "_:*" or (depth and (ch.isspace() or ch == ","))):
+                break
+            j += 1
+        for path in expand(text[m.start() : j]):
+            parts = [re.sub(r"\s+as\s+\w+$", "", p).strip() for p in path.split("::") if p]
+            yield parts[0], [p for p in parts[1:] if re.fullmatch(r"\w+", p)]
+
+def scopes(text: str, mod: tuple):
+    """The file's text outside inline modules, under the file's module path, then each inline
+    `mod name { ... }` under `mod + (name,)` (so that its `super::` means the file)."""
+    outer, i = [], 0
+    inner = []
+    for m in re.finditer(r"\bmod\s+(\w+)\s*\{", text):
+        if m.start() < i:
+            continue
+        outer.append(text[i : m.start()])
+        depth, j = 1, m.end()
+        while depth and j < len(text):
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            j += 1
+        inner.append((mod + (m.group(1),), text[m.end() : j]))
+        i = j
+    outer.append(text[i:])
+    return [(mod, "".join(outer))] + inner
+
+
 def main():
     files = {module_of(p): p for p in ROOT.rglob("*.rs")}
-    # `mod x;` declared inside a file but defined inline or via #[path] are not separate files.
+    # Test modules kept in files of their own (`#[cfg(test)] mod tests;`) are tests too.
+    test_files = set()
+    for mod, path in files.items():
+        for m in re.finditer(r"#\[cfg\(test\)\]\s*(?:#\[[^\]]*\]\s*)*mod\s+(\w+)\s*;", path.read_text()):
+            test_files.add(mod + (m.group(1),))
+    files = {m: p for m, p in files.items() if not any(m[: len(t)] == t for t in test_files)}
     edges = {m: set() for m in files}
     for mod, path in files.items():
-        text = strip(path.read_text())
-        for m in re.finditer(r"\b(crate|super|self)((?:::\w+)+)", text):
-            head, rest = m.group(1), [p for p in m.group(2).split("::") if p]
+        named = [(sc, h, r) for sc, t in scopes(strip(path.read_text()), mod) for h, r in paths_named(t)]
+        for scope, head, rest in named:
             if head == "crate":
                 base = []
             elif head == "self":
-                base = list(mod)
+                base = list(scope)
             else:
-                base = list(mod)
+                base = list(scope)
                 while rest and rest[0] == "super":
                     rest = rest[1:]
                     base = base[:-1]
-                base = base[:-1] if path.name != "mod.rs" or True else base
                 # `super` of a file module `a/b.rs` is `a`; of `a/b/mod.rs` also `a`.
+                base = base[:-1]
             target = tuple(base)
             for part in rest:
                 nxt = target + (part,)

@@ -4,7 +4,8 @@
 //! MarianMT directories whose `pytorch_model.bin` is hostile fail to load with such errors.
 
 use candle::{DType, Device, Tensor};
-use candle_attention::marian::{MarianMTModel, MarianWeights};
+use candle_attention::marian::MarianMTModel;
+use candle_attention::models::checkpoint::Checkpoint;
 use candle_attention::weights::PthCheckpoint;
 use candle_attention::TensorFile;
 use safetensors::View;
@@ -153,8 +154,8 @@ fn load_err(dir: &Path) -> String {
 fn a_marian_pytorch_model_bin_loads_through_our_reader() {
     let dir = marian_dir(&with_pickle(&gelu_noscale_bin(), |p| p));
     let model = MarianMTModel::from_dir(dir.path(), &Device::Cpu).unwrap();
-    let weights = MarianWeights::open_dir(dir.path()).unwrap();
-    assert!(matches!(weights, MarianWeights::Pth(_)));
+    let weights = Checkpoint::open_dir(dir.path()).unwrap();
+    assert!(matches!(weights, Checkpoint::Pth(_)));
     assert_eq!(weights.stored_dtype(), Some(DType::F32));
     drop(model);
 }

@@ -33,9 +33,9 @@
 //! finished hypothesis with a real score above `-1e8`) are dropped from the model state.
 
 use super::config::{EarlyStopping, Resolved};
+use super::hypothesis::{length_normalize, Hypothesis};
 use super::processors::process;
 use super::step::{fetch_step, reorder_unless_identity, StepDecoder};
-use super::{length_normalize, Hypothesis};
 use candle::Result;
 use rayon::prelude::*;
 

@@ -1,9 +1,9 @@
 //! Greedy search as `transformers`' `_sample` with `do_sample=False`.
 
 use super::config::Resolved;
+use super::hypothesis::{length_normalize, Hypothesis};
 use super::processors::process;
 use super::step::{fetch_step, reorder_unless_identity, StepDecoder};
-use super::{length_normalize, Hypothesis};
 /// `torch.argmax`: the first maximum, NaN above everything ([`crate::simd::rows::argmax`]).
 use crate::simd::rows::argmax;
 use candle::Result;

@@ -69,40 +69,15 @@
 mod beam;
 mod config;
 mod greedy;
+mod hypothesis;
 mod processors;
 mod step;
 
 pub use config::{EarlyStopping, GenerationConfig};
+pub use hypothesis::Hypothesis;
 pub use step::StepDecoder;
 
 use candle::Result;
-
-/// One generated sequence and its scores, as `generate(..., output_scores=True,
-/// return_dict_in_generate=True)` gives them.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Hypothesis {
-    /// The sequence as `generate()` returns it: the decoder start token first, then the
-    /// generated tokens, EOS included when the model produced it; unpadded.
-    pub tokens: Vec<u32>,
-    /// The sum of the (processed) log-probabilities of the generated tokens, accumulated in
-    /// `f32` as `transformers` does: the sequence's log-probability.
-    pub log_prob: f32,
-    /// `log_prob / generated_len ^ length_penalty` (`generated_len` counts the generated
-    /// tokens, EOS included, not the start token): what beam search ranks finished
-    /// hypotheses by, `transformers`' `sequences_scores`. Greedy search reports the same
-    /// formula.
-    pub score: f32,
-    /// Whether the sequence ends with an EOS id (false when it was cut at `max_length`).
-    pub ended_with_eos: bool,
-}
-
-impl Hypothesis {
-    /// The generated tokens: without the start token and without a final EOS.
-    pub fn generated(&self) -> &[u32] {
-        let end = self.tokens.len() - usize::from(self.ended_with_eos);
-        &self.tokens[1.min(end)..end]
-    }
-}
 
 /// Generates like `transformers`' `model.generate(input_ids, attention_mask, ...)` with the
 /// settings `cfg` (after [`GenerationConfig::from_model_dir`] and the per-call `with_*`
@@ -149,11 +124,6 @@ pub fn generate_hypotheses<M: StepDecoder>(
     } else {
         beam::beam_search(model, &mut state, batch, &resolved)
     }
-}
-
-/// `x / (len ** p)` as torch does it: the power in `f64` (Python), the division in `f32`.
-pub(crate) fn length_normalize(x: f32, len: usize, p: f64) -> f32 {
-    x / (len as f64).powf(p) as f32
 }
 
 /// [`generate`] followed by [`pad_sequences`] with the padding `generate()` uses: returns the

@@ -17,7 +17,7 @@
 //! The resident memory of the process then holds each weight once, as page cache shared with
 //! the file, and nothing is copied at load time.
 
-use super::TensorFile;
+use super::tensor_file::TensorFile;
 
 /// A row-major `(rows, cols)` `f32` matrix inside a [`TensorFile`]'s bytes. Cheap to clone
 /// (clones share the file).

@@ -20,7 +20,7 @@
 //! not change.
 
 use super::mapped::MappedMatrix;
-use super::{join_name, TensorFile};
+use super::tensor_file::{join_name, TensorFile};
 use candle::{DType, Tensor};
 use candle_nn::{Init, VarBuilder};
 
