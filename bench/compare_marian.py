@@ -4,6 +4,7 @@
     /work/venv/bin/python bench/compare_marian.py                       # the three settings
     /work/venv/bin/python bench/compare_marian.py --runs 3 --json
     /work/venv/bin/python bench/compare_marian.py --skip-ours           # transformers half only
+    /work/venv/bin/python bench/compare_marian.py --isa avx2 --model-dir /work/bl/opus_rand
 
 The model is an opus-mt-en-de-sized MarianMTModel with RANDOM weights (seeded): d_model 512,
 6 + 6 layers, 8 heads, ffn 2048, vocab 58101 (shared, lm_head tied), swish, scale_embedding,
@@ -40,6 +41,23 @@ script checks both sides produced the same sequences and reports the first diffe
 (with random weights a near-tie between two tokens can legitimately flip under different float
 summation order; the report says where).
 
+* CTranslate2 (unless --skip-ct2; needs the `ctranslate2` package): the same directory converted
+  once with `ctranslate2.converters.TransformersConverter` (float32; the random model has no
+  tokenizer files, so the converter is handed a stand-in vocabulary: id 0 `</s>`, 1 `<unk>`,
+  `t<i>` for the others, `<pad>` last, which CTranslate2 drops), loaded once as
+  `ctranslate2.Translator(dir, device="cpu", compute_type=--ct2-compute-type,
+  intra_threads=T, inter_threads=1)`, then `translate_batch` on the same source ids as tokens
+  with `beam_size=N, min_decoding_length=32, max_decoding_length=32`: exactly 32 new tokens per
+  row (checked). Median of --runs after --warmup calls, CPU seconds from process_time. Its
+  tokens are not compared for equality (it starts the decoder from a zero embedding and does
+  not force EOS at the last step); the JSON gives its agreement with transformers' tokens.
+
+--isa portable|avx2|avx512 limits every side to that instruction-set level (like for like on a
+CPU that has more): `ATTN_CPU_ISA` for ours, `ATEN_CPU_CAPABILITY` and `MKL_ENABLE_INSTRUCTIONS`
+for torch, `CT2_FORCE_CPU_ISA` and `ONEDNN_MAX_CPU_ISA` for CTranslate2. They are read when the
+libraries load, so the script re-executes itself with them set before importing anything. The
+header prints each side's level.
+
 Needs torch, transformers, safetensors (PyPI) and a release build of `attn`
 (`cargo build --release`; pass --attn PATH if it lives elsewhere).
 Versions used when this was written: torch 2.15.0, transformers 5.24.0, safetensors 0.8.0.
@@ -54,8 +72,36 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-from safetensors.torch import load_file, save_file
+# The libraries read their instruction-set limits when they load: with --isa, set them and
+# re-execute before any import (the child sees CANDLE_ATTN_ISA_SET and does not loop).
+ISA_ENV = {
+    "portable": {"ATTN_CPU_ISA": "portable", "ATEN_CPU_CAPABILITY": "default",
+                 "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "CT2_FORCE_CPU_ISA": "GENERIC",
+                 "ONEDNN_MAX_CPU_ISA": "SSE41"},
+    "avx2": {"ATTN_CPU_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+             "CT2_FORCE_CPU_ISA": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "avx512": {"ATTN_CPU_ISA": "avx512", "ATEN_CPU_CAPABILITY": "avx512",
+               "MKL_ENABLE_INSTRUCTIONS": "AVX512", "CT2_FORCE_CPU_ISA": "AVX512",
+               "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
+}
+
+
+def _isa_from_argv(argv):
+    for i, arg in enumerate(argv):
+        if arg == "--isa" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--isa="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+_isa = _isa_from_argv(sys.argv[1:])
+if _isa in ISA_ENV and os.environ.get("CANDLE_ATTN_ISA_SET") != _isa:
+    os.execve(sys.executable, [sys.executable] + sys.argv,
+              dict(os.environ, CANDLE_ATTN_ISA_SET=_isa, **ISA_ENV[_isa]))
+
+import torch  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
 
 SETTINGS = {"b1_greedy": (1, 1), "b8_greedy": (8, 1), "b8_beam4": (8, 4)}
 VOCAB, PAD, EOS = 58101, 58100, 0
@@ -94,6 +140,64 @@ def make_inputs(batch, src_len, seed):
     ids = torch.randint(2, PAD, (batch, src_len), generator=g)
     ids[:, -1] = EOS
     return ids, torch.ones_like(ids)
+
+
+def convert_ct2(model_dir, out_dir):
+    """The Marian directory converted to a CTranslate2 float32 model in `out_dir` (once)."""
+    import ctranslate2
+
+    if (Path(out_dir) / "model.bin").exists():
+        return out_dir
+
+    class Vocab:
+        """A stand-in tokenizer: the converter only reads the vocabulary and special tokens."""
+        eos_token, unk_token, pad_token = "</s>", "<unk>", "<pad>"
+
+        def get_vocab(self):
+            names = {0: "</s>", 1: "<unk>", PAD: "<pad>"}
+            return {names.get(i, f"t{i}"): i for i in range(VOCAB)}
+
+    class Converter(ctranslate2.converters.TransformersConverter):
+        def load_tokenizer(self, tokenizer_class, model_name_or_path, **kwargs):
+            return Vocab()
+
+    Converter(str(model_dir)).convert(str(out_dir), quantization=None, force=True)
+    return out_dir
+
+
+def ct2_tokens(ids):
+    """Source ids as the stand-in vocabulary's tokens (ending with `</s>`, id 0)."""
+    names = {0: "</s>", 1: "<unk>", PAD: "<pad>"}
+    return [[names.get(int(i), f"t{int(i)}") for i in row] for row in ids]
+
+
+def time_ct2(translator, source, beams, new_tokens, runs, warmup):
+    kw = dict(beam_size=beams, min_decoding_length=new_tokens, max_decoding_length=new_tokens,
+              num_hypotheses=1)
+    for _ in range(warmup):
+        translator.translate_batch(source, **kw)
+    secs, cpu = [], []
+    for _ in range(runs):
+        t, c = time.perf_counter(), time.process_time()
+        out = translator.translate_batch(source, **kw)
+        secs.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    lengths = {len(r.hypotheses[0]) for r in out}
+    if lengths != {new_tokens}:
+        print(f"warning: CTranslate2 returned hypotheses of lengths {sorted(lengths)}, "
+              f"expected {new_tokens}", file=sys.stderr)
+    names = {"</s>": 0, "<unk>": 1, "<pad>": PAD}
+    toks = [[names[t] if t in names else int(t[1:]) for t in r.hypotheses[0]] for r in out]
+    return statistics.median(secs), min(secs), statistics.median(cpu), toks
+
+
+def ours_isa(attn):
+    """What `attn --version` says about the CPU and the kernels' level."""
+    try:
+        out = subprocess.run([attn, "--version"], check=True, capture_output=True, text=True).stdout
+        return " ".join(out.split()[1:]) or "?"
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
 
 
 def time_transformers(model, ids, mask, beams, new_tokens, runs, warmup):
@@ -179,6 +283,12 @@ def main():
     p.add_argument("--model-dir", help="use (or create, if empty/missing) this model directory instead of a temp dir")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-ours", action="store_true", help="time transformers only")
+    p.add_argument("--skip-ct2", action="store_true", help="do not time CTranslate2")
+    p.add_argument("--ct2-dir", help="where the converted CTranslate2 model lives (default: "
+                   "MODEL_DIR/ctranslate2-float32, created once)")
+    p.add_argument("--ct2-compute-type", default="float32")
+    p.add_argument("--isa", choices=sorted(ISA_ENV), default=None,
+                   help="limit every side to this instruction-set level (see the module docs)")
     p.add_argument("--json", action="store_true", help="print the results as JSON (one object per setting)")
     a = p.parse_args()
 
@@ -203,6 +313,15 @@ def main():
         t = time.perf_counter()
         model = MarianMTModel.from_pretrained(model_dir, dtype=torch.float32).eval()
         load_s = time.perf_counter() - t
+        translator, ct2_version = None, None
+        if not a.skip_ct2:
+            import ctranslate2
+
+            ct2_version = ctranslate2.__version__
+            ct2_dir = convert_ct2(model_dir, a.ct2_dir or (model_dir / f"ctranslate2-float32"))
+            translator = ctranslate2.Translator(str(ct2_dir), device="cpu",
+                                                compute_type=a.ct2_compute_type,
+                                                intra_threads=a.threads, inter_threads=1)
 
         rows = []
         for name in settings:
@@ -225,6 +344,16 @@ def main():
                 "transformers_version": transformers.__version__, "torch_version": torch.__version__,
                 "load_average": os.getloadavg()[0], "cpu_count": os.cpu_count(),
             }
+            if translator is not None:
+                c_med, c_min, c_cpu, c_toks = time_ct2(translator, ct2_tokens(ids), beams, a.new_tokens,
+                                                       a.runs, a.warmup)
+                hf_new = hf_seq[:, 1:].tolist()
+                agree = sum(x == y for r, h in zip(c_toks, hf_new) for x, y in zip(r, h))
+                row.update({
+                    "ct2_s": c_med, "ct2_min_s": c_min, "ct2_cpu_s": c_cpu, "ct2_tok_s": tokens / c_med,
+                    "ct2_version": ct2_version, "ct2_compute_type": a.ct2_compute_type,
+                    "ct2_token_agreement": agree / max(1, sum(len(h) for h in hf_new)),
+                })
             if not a.skip_ours:
                 o_med, o_min, o_cpu, rss, o_seq = time_ours(a.attn, model_dir, in_path, out_path, beams,
                                                      a.new_tokens, a.runs, a.warmup, a.threads)
@@ -234,6 +363,8 @@ def main():
                     "ratio": (tokens / o_med) / (tokens / hf_med), "ours_peak_rss_mib": rss,
                     "same_sequences": mismatch is None, "mismatch": mismatch,
                 })
+                if "ct2_tok_s" in row:
+                    row["ratio_ct2"] = row["ours_tok_s"] / row["ct2_tok_s"]
                 if mismatch:
                     print(f"{name}: sequences differ: {mismatch}", file=sys.stderr)
             rows.append(row)
@@ -243,20 +374,30 @@ def main():
         for r in rows:
             print(json.dumps(r))
         return
-    print(f"transformers {transformers.__version__}, torch {torch.__version__}, {a.threads} threads, "
-          f"source length {a.src_len}, {a.new_tokens} new tokens, median of {a.runs} runs")
-    print(f"(transformers from_pretrained took {load_s:.2f} s, not included; ours is the whole process)")
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}"
+          f"{', CTranslate2 ' + ct2_version + ' ' + a.ct2_compute_type if ct2_version else ''}, "
+          f"{a.threads} threads, source length {a.src_len}, {a.new_tokens} new tokens, median of {a.runs} runs")
+    limits = " ".join(f"{k}={os.environ[k]}" for k in ISA_ENV["avx2"] if k in os.environ)
+    print(f"ISA: ours {ours_isa(a.attn) if not a.skip_ours else '-'}; torch "
+          f"{torch.backends.cpu.get_cpu_capability()}{'; limits ' + limits if limits else ''}")
+    print(f"(transformers from_pretrained took {load_s:.2f} s, not included; CTranslate2 loaded once, not "
+          "included; ours is the whole process)")
     print(f"1-minute load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (wall times are only "
-          "meaningful on an otherwise idle machine; --json also gives CPU seconds)")
-    hdr = f"{'setting':10s} {'transformers tok/s':>18s} {'ours tok/s':>11s} {'ratio':>6s} {'ours peak RSS':>13s}  same"
+          "meaningful on an otherwise idle machine; CPU seconds in brackets)")
+    hdr = (f"{'setting':10s} {'transformers tok/s':>22s} {'CTranslate2 tok/s':>20s} {'ours tok/s':>16s} "
+           f"{'vs HF':>6s} {'vs CT2':>6s} {'ours peak RSS':>13s}  same")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
+        hf = f"{r['transformers_tok_s']:.1f} ({r['transformers_cpu_s']:.2f})"
+        ct = f"{r['ct2_tok_s']:.1f} ({r['ct2_cpu_s']:.2f})" if "ct2_tok_s" in r else "-"
         if "ours_tok_s" in r:
-            print(f"{r['setting']:10s} {r['transformers_tok_s']:18.1f} {r['ours_tok_s']:11.1f} "
-                  f"{r['ratio']:6.2f} {r['ours_peak_rss_mib']:10.0f} MiB  {'yes' if r['same_sequences'] else 'NO'}")
+            ours = f"{r['ours_tok_s']:.1f} ({r['ours_cpu_s']:.2f})"
+            vs_ct = f"{r['ratio_ct2']:6.2f}" if "ratio_ct2" in r else f"{'-':>6s}"
+            print(f"{r['setting']:10s} {hf:>22s} {ct:>20s} {ours:>16s} {r['ratio']:6.2f} {vs_ct} "
+                  f"{r['ours_peak_rss_mib']:10.0f} MiB  {'yes' if r['same_sequences'] else 'NO'}")
         else:
-            print(f"{r['setting']:10s} {r['transformers_tok_s']:18.1f} {'-':>11s} {'-':>6s} {'-':>13s}  -")
+            print(f"{r['setting']:10s} {hf:>22s} {ct:>20s} {'-':>16s} {'-':>6s} {'-':>6s} {'-':>13s}  -")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 
     python bench/compare_torch.py                      # the issue-4 table (SDPA, causal, padding, MHA)
     python bench/compare_torch.py --sizes 128,1024 --rounds 5 --skip-mha
+    python bench/compare_torch.py --isa avx2                 # both sides limited to AVX2
 
 Both sides get the same number of threads (default 2): `torch.set_num_threads(T)` here and
 `RAYON_NUM_THREADS=T` for `attn`. Each round runs torch then `attn` on the same shape; the
@@ -19,19 +20,50 @@ this shared virtual machine's speed moves by a third from hour to hour, for torc
 alike; --peak-gflops P gives a fixed peak instead. (Key-padded rows count
 every key, padding included, as their GFLOP/s column does: their ceiling is generous.)
 
+--isa portable|avx2|avx512 limits both sides to that instruction-set level (like for like on a
+CPU that has more): `ATTN_CPU_ISA` for `attn` (and for `fma_peak`, whose peak is then the
+level's), `ATEN_CPU_CAPABILITY` (default / avx2 / avx512) and `MKL_ENABLE_INSTRUCTIONS`
+(SSE4_2 / AVX2 / AVX512) for torch. torch reads both when it loads, so with --isa this script
+re-runs itself with them set before importing torch. The header prints the level each side
+ran at (`attn bench` prints its own; torch's is `torch.backends.cpu.get_cpu_capability()`).
+
 Needs torch (PyPI) and a release build of `attn`
 (`cargo build --release`; pass --attn PATH if it lives elsewhere).
 """
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
+# torch reads its instruction-set limits when it loads: with --isa, set them and re-execute
+# before the import (the child sees CANDLE_ATTN_ISA_SET and does not loop).
+TORCH_ISA_ENV = {
+    "portable": {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "MKL_ENABLE_INSTRUCTIONS": "AVX512"},
+}
+
+
+def _isa_from_argv(argv):
+    for i, arg in enumerate(argv):
+        if arg == "--isa" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--isa="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+_isa = _isa_from_argv(sys.argv[1:])
+if _isa in TORCH_ISA_ENV and os.environ.get("CANDLE_ATTN_ISA_SET") != _isa:
+    env = dict(os.environ, CANDLE_ATTN_ISA_SET=_isa, ATTN_CPU_ISA=_isa, **TORCH_ISA_ENV[_isa])
+    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 
 def torch_time(fn, iters, warmup):
@@ -52,13 +84,27 @@ def attn_json(cmd, env):
 
 def measure_peak(path, threads, dtype):
     """GFLOP/s of the fma_peak example on `threads` threads: bf16 `vdpbf16ps` for bf16, fp32 FMA
-    otherwise."""
+    otherwise (at the level ATTN_CPU_ISA allows: the environment is passed on)."""
     out = subprocess.run([path, str(threads)], check=True, capture_output=True, text=True).stdout
     unit = "bf16 vdpbf16ps" if dtype == "bf16" else "fp32 FMA"
+    pattern = re.compile(rf"^{threads} thread\(s\): {re.escape(unit)} ([0-9.]+) GFLOP/s")
     for line in out.splitlines():
-        if line.startswith(f"{threads} thread(s): {unit} "):
-            return float(line.split(unit)[1].split()[0])
+        m = pattern.match(line)
+        if m:
+            return float(m.group(1))
     raise SystemExit(f"no '{unit}' line for {threads} thread(s) in the output of {path}:\n{out}")
+
+
+def attn_isa(attn, env):
+    """The instruction-set line `attn bench` prints (what our kernels run at)."""
+    out = subprocess.run([attn, "bench", "attention", "--seq-q", "8", "--seq-k", "8", "--iters", "1",
+                          "--warmup", "0", "--json"], env=env, check=True, capture_output=True,
+                         text=True).stdout
+    for line in out.splitlines():
+        if line.startswith("{"):
+            r = json.loads(line)
+            return r.get("isa", "?"), r.get("cpu", "?")
+    return "?", "?"
 
 
 def torch_dtype(name):
@@ -101,6 +147,8 @@ def main():
                    help="path of the fma_peak example: measure the peak every round, add the ceiling column")
     p.add_argument("--peak-gflops", type=float, default=None,
                    help="a fixed peak GFLOP/s for the dtype on --threads threads instead of --fma-peak")
+    p.add_argument("--isa", choices=sorted(TORCH_ISA_ENV), default=None,
+                   help="limit both sides to this instruction-set level (see the module docs)")
     a = p.parse_args()
 
     torch.set_num_threads(a.threads)
@@ -182,6 +230,12 @@ def main():
 
     print(f"# torch {torch.__version__}, {a.threads} threads, {a.dtype}, H={a.heads}, D={a.head_dim}, "
           f"{a.rounds} alternating rounds; medians; ratio = torch / candle-attention (>1: ours faster)")
+    ours_isa, cpu = attn_isa(a.attn, env)
+    limits = " ".join(f"{k}={os.environ[k]}" for k in ("ATTN_CPU_ISA", "ATEN_CPU_CAPABILITY",
+                                                          "MKL_ENABLE_INSTRUCTIONS") if k in os.environ)
+    print(f"# ISA: candle-attention {ours_isa}, torch {torch.backends.cpu.get_cpu_capability()}"
+          f"{' (' + limits + ')' if limits else ''}; {cpu}")
+    print(f"# 1-minute load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     peak = a.fma_peak or a.peak_gflops
     if peak:
         print("# ceiling = torch ms / (the case's multiply-adds at the peak GFLOP/s): the largest ratio this CPU allows")

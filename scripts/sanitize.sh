@@ -4,17 +4,23 @@
 # tools that run here, on the nightly toolchain:
 #
 #   1. Miri: the kernel unit tests (src/sdpa/cpu/tests.rs, shapes at every block edge, f32
-#      and the half-precision tile paths; src/sdpa/cpu/half.rs, the per-tile f16/bf16 conversions;
-#      the GEMM's in src/projection/gemm.rs, the half-precision GEMM's in src/projection/half.rs
-#      and bf16.rs, the scratch buffer's in src/simd/scratch.rs) through
-#      the safe wrappers. Miri reports no SIMD features, so this runs the portable
-#      kernels and every slice/index computation around them, with Stacked Borrows checks.
+#      and the half-precision tile paths; src/sdpa/cpu/half.rs, the per-tile f16/bf16
+#      conversions; the GEMM's in src/projection/gemm.rs, the in-place row kernel's in
+#      src/projection/rows.rs, the half-precision GEMM's in src/projection/half.rs and bf16.rs,
+#      the scratch buffer's, the row scans' and the element-wise passes' in src/simd/) through
+#      the safe wrappers. Miri reports no SIMD features, so `available_isas()` is the portable
+#      level only: this runs the portable kernels and every slice/index computation around
+#      them, with Tree Borrows checks.
 #   2. AddressSanitizer: the same unit tests plus the tiled-vs-naive property tests (f32, and
 #      tests/half_props.rs: bf16/f16 with ragged tails, which on a CPU with AVX-512 BF16 run
-#      the vdpbf16ps kernels of src/sdpa/cpu/avx512_half.rs), the projection tests (f32, bf16 and
-#      f16, the AVX-512 BF16 GEMM where the CPU has it) and the hostile-input table, natively,
-#      so the AVX-512 (or AVX2) kernels run with every load
-#      and store checked against the allocation it belongs to.
+#      the vdpbf16ps kernels of src/sdpa/cpu/avx512_half.rs), the grouped-query tests, the
+#      projection tests (f32, bf16 and f16) and the hostile-input table, natively. Every one of
+#      them runs each kernel at every instruction set the CPU has (`testing::available_isas`:
+#      portable and AVX2 here, AVX-512 too on an AVX-512 host), so the AVX2 kernels of
+#      src/sdpa/cpu/avx2.rs, src/projection/avx2.rs and src/simd/{avx2,rows,elementwise}.rs
+#      run, like the AVX-512 ones, with every load and store checked against the allocation
+#      it belongs to. (The partial vectors use `vmaskmovps`, which touches only its lanes; the
+#      tests size buffers exactly, so a full-width access past a row's end would be reported.)
 #
 # Usage: scripts/sanitize.sh [miri|asan|all]   (default: all). Needs `rustup toolchain
 # install nightly --component miri rust-src`. Not part of CI: Miri took 27 minutes for the three
@@ -47,5 +53,5 @@ if [[ $what == asan || $what == all ]]; then
   RUSTFLAGS="-Zsanitizer=address" RUSTDOCFLAGS="-Zsanitizer=address" \
   ASAN_OPTIONS="detect_leaks=0" CARGO_TARGET_DIR=target/asan \
     cargo +nightly test "${build_std[@]}" --target "$target" -p candle-attention \
-      --lib --test tiled_props --test half_props --test projection --test projection_half --test hostile_inputs -- --test-threads 2
+      --lib --test tiled_props --test half_props --test gqa --test projection --test projection_half --test hostile_inputs -- --test-threads 2
 fi

@@ -7,11 +7,73 @@
 //! `sdpa::few_queries` (the CPU split-over-keys kernel), `sdpa::blocked` (device-generic),
 //! `sdpa::naive` (the reference with weights and autograd); [`decompose`] splits a [`Mask`]
 //! into the [`MaskParts`] the fused kernels take.
+//!
+//! **Instruction sets.** [`available_isas`] lists the levels the kernels can run at in this
+//! process (every level up to the CPU's best, lowered by `ATTN_CPU_ISA`); tests run each kernel
+//! at each of them through the per-call knobs: `TiledConfig::isa` for the attention kernels,
+//! [`projection::forward`] for a [`crate::Projection`], [`rows`] for the generation loops' row
+//! scans (the activations and layer norm are tested at every level by their unit tests).
 
 use crate::mask::{AttentionShape, Mask};
-use candle::Device;
+use candle::{Device, Tensor};
 
 pub use crate::mask::MaskParts;
+pub use crate::simd::{IsaLevel, ISA_ENV};
+
+/// The instruction-set levels the kernels can run at in this process, lowest first: every
+/// level up to the CPU's best, capped by `ATTN_CPU_ISA` (so `ATTN_CPU_ISA=portable` leaves
+/// `[Portable]`).
+pub fn available_isas() -> Vec<IsaLevel> {
+    crate::simd::available_levels()
+}
+
+/// The level the kernels run at when nothing else is asked for: the CPU's best, lowered by
+/// `ATTN_CPU_ISA`.
+pub fn active_isa() -> IsaLevel {
+    crate::simd::active_level()
+}
+
+/// The best level this CPU has, whatever `ATTN_CPU_ISA` says.
+pub fn cpu_isa() -> IsaLevel {
+    crate::simd::cpu_level()
+}
+
+/// One line on what the CPU offers the kernels and what runs, e.g. `cpu: avx2 (x86_64 avx2
+/// fma f16c; no avx512f ...); kernels: avx2`.
+pub fn describe_cpu() -> String {
+    crate::simd::describe_cpu()
+}
+
+/// [`crate::Projection`] at a chosen instruction set.
+pub mod projection {
+    use super::*;
+
+    /// `p.forward(x)` with the CPU kernels of at most `isa`.
+    pub fn forward(p: &crate::Projection, x: &Tensor, isa: IsaLevel) -> candle::Result<Tensor> {
+        p.forward_at(x, crate::simd::Isa::at_most(Some(isa)))
+    }
+}
+
+/// The generation loops' passes over a row of scores, at a chosen instruction set.
+pub mod rows {
+    use super::IsaLevel;
+    use crate::simd::{rows, Isa};
+
+    /// `log_softmax` in place (as torch's, `f32`).
+    pub fn log_softmax_in_place(isa: IsaLevel, row: &mut [f32]) {
+        rows::log_softmax_with(Isa::at_most(Some(isa)), row)
+    }
+
+    /// `torch.argmax` (first maximum, NaN first).
+    pub fn argmax(isa: IsaLevel, row: &[f32]) -> usize {
+        rows::argmax_with(Isa::at_most(Some(isa)), row)
+    }
+
+    /// The first index from `from` whose value is above `threshold` or NaN.
+    pub fn next_above(isa: IsaLevel, row: &[f32], from: usize, threshold: f32) -> Option<usize> {
+        rows::next_above_with(Isa::at_most(Some(isa)), row, from, threshold)
+    }
+}
 
 /// `mask` split into its causal offset, per-key bias and general bias for `shape`, on `device`
 /// (validated against `shape`).

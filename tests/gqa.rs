@@ -3,7 +3,7 @@
 //! writes `tests/fixtures/gqa/`: `F.scaled_dot_product_attention(..., enable_gqa=True)` and
 //! hand-computed HF-layout attention), on every path: the naive one (forced by asking for the
 //! weights, and by `f64`), the tiled and decode CPU kernels (the default for `f32` on the
-//! CPU), and the kernels called directly with the portable instruction set.
+//! CPU), and the kernels called directly at every instruction set the process can run.
 //! A property test checks GQA against the naive path on K/V repeated per query head.
 
 mod common;
@@ -144,7 +144,7 @@ fn sdpa_matches_torch_enable_gqa_on_every_path() {
             .output;
         check(&what("naive f64"), &out64, &expected);
 
-        // The kernels themselves, with the portable instruction set and odd block sizes.
+        // The kernels themselves, at every instruction set this process can run, odd block sizes.
         let shape = AttentionShape {
             batch: q.dim(0).unwrap(),
             heads: case.h,
@@ -152,10 +152,10 @@ fn sdpa_matches_torch_enable_gqa_on_every_path() {
             k_len: k.dim(2).unwrap(),
         };
         let parts = decompose(&mask, shape, &dev).unwrap();
-        for force_portable in [false, true] {
+        for isa in candle_attention::testing::available_isas() {
             let cfg = tiled::TiledConfig {
                 block_k: 48,
-                force_portable,
+                isa: Some(isa),
                 ..Default::default()
             };
             let t = tiled::attention_with(
@@ -167,11 +167,7 @@ fn sdpa_matches_torch_enable_gqa_on_every_path() {
                 &cfg,
             )
             .unwrap();
-            check(
-                &what(&format!("tiled portable={force_portable}")),
-                &t,
-                &expected,
-            );
+            check(&what(&format!("tiled {isa}")), &t, &expected);
             let d = few_queries::attention_with(
                 &q,
                 &k,
@@ -181,11 +177,7 @@ fn sdpa_matches_torch_enable_gqa_on_every_path() {
                 &cfg,
             )
             .unwrap();
-            check(
-                &what(&format!("decode portable={force_portable}")),
-                &d,
-                &expected,
-            );
+            check(&what(&format!("decode {isa}")), &d, &expected);
         }
     }
     assert!(saw_decode && saw_tiled, "the cases cover both kernels");

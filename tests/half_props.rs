@@ -3,7 +3,8 @@
 //! not multiples of the 64-query block or of `block_k`, odd key counts that leave a half key
 //! pair, head sizes that are not multiples of 32 or even of 2), every mask kind (causal,
 //! padding, boolean, additive, fully masked rows), with the AVX-512 BF16 dot-product kernels
-//! (where the CPU has them), the per-tile conversion and the portable code.
+//! (where the CPU has them), the per-tile conversions and the `f32` kernels at every
+//! instruction set the process can run (`testing::available_isas`).
 //!
 //! The bound is derived, not tuned: the kernels' result is rounded once to the input dtype
 //! (half an ulp: `u · |y|`, unit roundoff `u` = 2^-8 for bf16, 2^-11 for f16), and with
@@ -15,7 +16,7 @@ use candle::{DType, Device, Tensor};
 use candle_attention::testing::decompose;
 use candle_attention::testing::sdpa::few_queries;
 use candle_attention::testing::sdpa::tiled::{self, TiledConfig, BQ};
-use candle_attention::testing::MaskParts;
+use candle_attention::testing::{available_isas, IsaLevel, MaskParts};
 use candle_attention::{scaled_dot_product_attention, SdpaArgs};
 use candle_attention::{AttentionShape, Mask};
 use proptest::prelude::*;
@@ -35,7 +36,7 @@ struct Case {
     block_k: usize,
     kinds: Vec<MaskKind>,
     seed: u64,
-    portable: bool,
+    isa: IsaLevel,
     half_dot: bool,
     f16: bool,
 }
@@ -67,10 +68,14 @@ fn case_strategy() -> impl Strategy<Value = Case> {
                 proptest::sample::select(vec![1usize, 2, 7, 31, 33, 64, 80]),
                 proptest::sample::select(vec![1usize, 5, 17, 64, 65, 96]),
                 proptest::collection::vec(mask_kind(), 0..3),
-                (any::<bool>(), any::<bool>(), proptest::bool::weighted(0.2)),
+                (
+                    proptest::sample::select(available_isas()),
+                    any::<bool>(),
+                    proptest::bool::weighted(0.2),
+                ),
             )
-                .prop_map(
-                    move |(b, h, l, s, d, dv, kinds, (portable, half_dot, f16))| Case {
+                .prop_map(move |(b, h, l, s, d, dv, kinds, (isa, half_dot, f16))| {
+                    Case {
                         b,
                         h,
                         l,
@@ -80,11 +85,11 @@ fn case_strategy() -> impl Strategy<Value = Case> {
                         block_k,
                         kinds,
                         seed,
-                        portable,
-                        half_dot: half_dot || !portable,
+                        isa,
+                        half_dot: half_dot || isa != IsaLevel::Avx512,
                         f16,
-                    },
-                )
+                    }
+                })
         })
 }
 
@@ -175,7 +180,7 @@ fn check_kernel(
     let want = reference(&full, &mask);
     let cfg = TiledConfig {
         block_k: c.block_k,
-        force_portable: c.portable,
+        isa: Some(c.isa),
         half_dot: c.half_dot,
         ..Default::default()
     };

@@ -6,6 +6,7 @@
 mod common;
 
 use candle::{DType, Device, Module, Tensor, Var};
+use candle_attention::testing::{self, available_isas};
 use candle_attention::{AttentionArgs, MultiHeadAttention, MultiHeadAttentionConfig, Projection};
 use candle_nn::VarBuilder;
 use common::compare;
@@ -32,8 +33,9 @@ fn reference(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
-    /// The packed GEMM equals candle-nn's `Linear` for any sizes (across the 64-row blocks,
-    /// 64-column panels and 128-input chunks), with or without bias, for inputs of rank 1 to 4.
+    /// The packed GEMM equals candle-nn's `Linear` for any sizes (across the 72-row blocks,
+    /// 64-column panels, 16-column slices and 512-input chunks), with or without bias, for
+    /// inputs of rank 1 to 4, at every instruction set.
     #[test]
     fn packed_projection_equals_candle_linear(
         m in 1usize..150, k in 1usize..300, n in 1usize..140,
@@ -51,12 +53,15 @@ proptest! {
         shape.push(k);
         let x = randn(&shape, seed + 2);
         let p = Projection::new(&w, b.clone()).unwrap();
-        let got = p.forward(&x).unwrap();
         let mut want_shape = lead;
         want_shape.push(n);
-        prop_assert_eq!(got.dims(), &want_shape[..]);
         let want = reference(&x, &w, b.as_ref());
-        compare(&got, &want, 1e-5, 1e-5).map_err(TestCaseError::fail)?;
+        // At every instruction set the process can run (portable, AVX2, AVX-512...).
+        for isa in available_isas() {
+            let got = testing::projection::forward(&p, &x, isa).unwrap();
+            prop_assert_eq!(got.dims(), &want_shape[..]);
+            compare(&got, &want, 1e-5, 1e-5).map_err(|e| TestCaseError::fail(format!("{isa}: {e}")))?;
+        }
     }
 }
 
@@ -274,13 +279,22 @@ fn hugging_face_projections_equal_the_tensors_they_were_loaded_from() {
     }
 }
 
-/// A projection sharing its weight tensor (a tied output head) computes what a packed one does.
+/// A projection sharing its weight tensor (a tied output head) computes what a packed one does,
+/// at every instruction set (the in-place row kernel below 96 rows, strips transposed into the
+/// packed GEMM from 96 on).
 #[test]
 fn shared_weight_projection_equals_the_packed_one() {
-    use candle::{Device, Module, Tensor};
+    use candle::{Device, Tensor};
     use candle_attention::Projection;
     let dev = Device::Cpu;
-    for (m, out, inp) in [(1, 70, 33), (5, 130, 64), (32, 9, 16)] {
+    for (m, out, inp) in [
+        (1, 70, 33),
+        (2, 67, 40),
+        (3, 9, 7),
+        (5, 130, 64),
+        (32, 9, 16),
+        (97, 131, 71),
+    ] {
         let w = Tensor::randn(0f32, 1., (out, inp), &dev).unwrap();
         let b = Tensor::randn(0f32, 1., out, &dev).unwrap();
         let x = Tensor::randn(0f32, 1., (m, inp), &dev).unwrap();
@@ -294,16 +308,19 @@ fn shared_weight_projection_equals_the_packed_one() {
                 shared.narrow_outputs(3, 5).unwrap(),
             ),
         ] {
-            let (y, z) = (p.forward(&x).unwrap(), q.forward(&x).unwrap());
-            let d: Vec<f32> = (y - z)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
-            assert!(d.iter().all(|v| *v <= 1e-4), "{m}x{out}x{inp}: {d:?}");
+            for isa in available_isas() {
+                let y = testing::projection::forward(&p, &x, isa).unwrap();
+                let z = testing::projection::forward(&q, &x, isa).unwrap();
+                let d: Vec<f32> = (y - z)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap();
+                assert!(d.iter().all(|v| *v <= 1e-4), "{isa} {m}x{out}x{inp}: {d:?}");
+            }
         }
     }
 }

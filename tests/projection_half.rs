@@ -14,6 +14,7 @@
 mod common;
 
 use candle::{DType, Device, Module, Tensor};
+use candle_attention::testing::{self, available_isas};
 use candle_attention::{MultiHeadAttention, MultiHeadAttentionConfig, Projection};
 use candle_nn::VarBuilder;
 use std::collections::HashMap;
@@ -78,11 +79,14 @@ fn half_projection_matches_f64_at_odd_shapes() {
             for bias in [None, Some(b.clone())] {
                 let p = Projection::new(&w, bias.clone()).unwrap();
                 assert_eq!(p.dtype(), dtype);
-                let y = p.forward(&x).unwrap();
-                assert_eq!(y.dtype(), dtype);
-                assert_eq!(y.dims(), &[m, n]);
-                let what = format!("{dtype:?} bias={}", bias.is_some());
-                check(&y, &x, &w, bias.as_ref(), ulp, &what);
+                // At every instruction set the process can run.
+                for isa in available_isas() {
+                    let y = testing::projection::forward(&p, &x, isa).unwrap();
+                    assert_eq!(y.dtype(), dtype);
+                    assert_eq!(y.dims(), &[m, n]);
+                    let what = format!("{dtype:?} {isa} bias={}", bias.is_some());
+                    check(&y, &x, &w, bias.as_ref(), ulp, &what);
+                }
             }
         }
     }
@@ -102,14 +106,16 @@ fn narrowed_half_projections_equal_their_rows() {
             let q = p.narrow_outputs(start, len).unwrap();
             let wn = w.narrow(0, start, len).unwrap();
             let bn = b.narrow(0, start, len).unwrap();
-            check(
-                &q.forward(&x).unwrap(),
-                &x,
-                &wn,
-                Some(&bn),
-                ulp,
-                &format!("{dtype:?} outputs {start}..{}", start + len),
-            );
+            for isa in available_isas() {
+                check(
+                    &testing::projection::forward(&q, &x, isa).unwrap(),
+                    &x,
+                    &wn,
+                    Some(&bn),
+                    ulp,
+                    &format!("{dtype:?} {isa} outputs {start}..{}", start + len),
+                );
+            }
             // The weight and bias a user reads back are the rows given, exactly.
             let back = q.weight().unwrap();
             assert_eq!(back.dtype(), dtype);

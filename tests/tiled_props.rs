@@ -12,7 +12,7 @@ use candle::{DType, Device, Tensor};
 use candle_attention::testing::decompose;
 use candle_attention::testing::sdpa::few_queries;
 use candle_attention::testing::sdpa::tiled::{self, TiledConfig, BQ};
-use candle_attention::testing::MaskParts;
+use candle_attention::testing::{available_isas, IsaLevel, MaskParts};
 use candle_attention::{scaled_dot_product_attention, SdpaArgs};
 use candle_attention::{AttentionShape, Mask};
 use proptest::prelude::*;
@@ -65,7 +65,7 @@ struct Case {
     block_k: usize,
     kinds: Vec<MaskKind>,
     seed: u64,
-    portable: bool,
+    isa: IsaLevel,
     scale: Option<f64>,
     blocks_per_task: Option<usize>,
 }
@@ -84,12 +84,12 @@ fn case_strategy() -> impl Strategy<Value = Case> {
                 proptest::sample::select(vec![1usize, 8, 16, 17, 32, 64, 80]),
                 proptest::sample::select(vec![1usize, 5, 16, 64, 65, 96]),
                 proptest::collection::vec(mask_kind(), 0..3),
-                any::<bool>(),
+                proptest::sample::select(available_isas()),
                 proptest::option::of(0.05f64..0.5),
                 proptest::option::of(1usize..=4),
             )
                 .prop_map(
-                    move |(b, h, l, s, d, dv, kinds, portable, scale, blocks_per_task)| Case {
+                    move |(b, h, l, s, d, dv, kinds, isa, scale, blocks_per_task)| Case {
                         b,
                         h,
                         l,
@@ -99,7 +99,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
                         block_k,
                         kinds,
                         seed,
-                        portable,
+                        isa,
                         scale,
                         blocks_per_task,
                     },
@@ -139,13 +139,13 @@ fn scale_of(c: &Case) -> f64 {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 160, ..ProptestConfig::default() })]
 
-    /// The tiled kernel (AVX-512/AVX2 or portable) equals the naive kernel to 1e-5 in f32.
+    /// The tiled kernel (at an instruction set drawn from `available_isas`) equals the naive kernel to 1e-5 in f32.
     #[test]
     fn tiled_matches_naive_f32(c in case_strategy()) {
         let mut rng = Rng(c.seed);
         let (q, k, v, mask) = inputs(&c, &mut rng);
         let want = reference(&q, &k, &v, &mask, c.scale);
-        let cfg = TiledConfig { block_k: c.block_k, force_portable: c.portable, blocks_per_task: c.blocks_per_task, ..Default::default() };
+        let cfg = TiledConfig { block_k: c.block_k, isa: Some(c.isa), blocks_per_task: c.blocks_per_task, ..Default::default() };
         let got = tiled::attention_with(&q, &k, &v, &parts(&mask, &q, &k), scale_of(&c), &cfg).unwrap();
         let err = max_abs_diff(&got, &want);
         prop_assert!(err <= 1e-5, "max abs error {err} for {c:?}");
@@ -158,7 +158,7 @@ proptest! {
         let mut rng = Rng(c.seed);
         let (q, k, v, mask) = inputs(&c, &mut rng);
         let want = reference(&q, &k, &v, &mask, c.scale);
-        let cfg = TiledConfig { block_k: c.block_k, force_portable: c.portable, ..Default::default() };
+        let cfg = TiledConfig { block_k: c.block_k, isa: Some(c.isa), ..Default::default() };
         let got = few_queries::attention_with(&q, &k, &v, &parts(&mask, &q, &k), scale_of(&c), &cfg).unwrap();
         let err = max_abs_diff(&got, &want);
         prop_assert!(err <= 1e-5, "max abs error {err} for {c:?}");
@@ -190,7 +190,7 @@ proptest! {
         let (q, k, v, mask) = inputs(&c, &mut rng);
         let (q, k, v) = (q.to_dtype(dtype).unwrap(), k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap());
         let want = reference(&q, &k, &v, &mask, c.scale);
-        let cfg = TiledConfig { block_k: c.block_k, force_portable: c.portable, blocks_per_task: c.blocks_per_task, ..Default::default() };
+        let cfg = TiledConfig { block_k: c.block_k, isa: Some(c.isa), blocks_per_task: c.blocks_per_task, ..Default::default() };
         let got = tiled::attention_with(&q, &k, &v, &parts(&mask, &q, &k), scale_of(&c), &cfg).unwrap();
         prop_assert_eq!(got.dtype(), dtype);
         let g = got.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();

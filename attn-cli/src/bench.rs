@@ -4,14 +4,16 @@
 //! causal; for `mha` the projections are counted too).
 //!
 //! Threads: rayon's pool (`RAYON_NUM_THREADS`), which the tiled kernel and candle's matmul
-//! both use. Timings are wall-clock medians over `--iters` runs after `--warmup` runs.
+//! both use. Timings are wall-clock medians over `--iters` runs after `--warmup` runs. Every
+//! line names the instruction set the kernels ran at (`isa`, `cpu` in JSON): the CPU's best,
+//! lowered by `ATTN_CPU_ISA=portable|avx2|avx512`.
 
 use crate::pool::on_rayon_pool;
 use crate::{DTypeArg, DeviceArg};
 use anyhow::{bail, Result};
 use candle::{DType, Device, Tensor};
-use candle_attention::testing::decompose;
 use candle_attention::testing::sdpa::{blocked, few_queries, naive, tiled};
+use candle_attention::testing::{active_isa, decompose, describe_cpu};
 use candle_attention::{
     scaled_dot_product_attention, AttentionShape, Mask, MultiHeadAttention,
     MultiHeadAttentionConfig, SdpaArgs,
@@ -336,14 +338,17 @@ pub fn attention(a: &AttentionBenchArgs) -> Result<()> {
                 "median_ms": median,
                 "min_ms": min,
                 "gflops": gflops,
+                "isa": active_isa().name(),
+                "cpu": describe_cpu(),
             });
             println!("{line}");
         } else {
             println!(
-                "attention {:<12} B={b} H={h} Nq={nq} Nk={nk} D={d}{} {}: median {median:.3} ms, min {min:.3} ms, {gflops:.1} GFLOP/s",
+                "attention {:<12} B={b} H={h} Nq={nq} Nk={nk} D={d}{} {} [{}]: median {median:.3} ms, min {min:.3} ms, {gflops:.1} GFLOP/s",
                 imp.name(),
                 if a.causal { " causal" } else { "" },
-                dtype_name(dtype)
+                dtype_name(dtype),
+                active_isa()
             );
         }
     }
@@ -433,13 +438,16 @@ pub fn mha(a: &MhaBenchArgs) -> Result<()> {
             "median_ms": median,
             "min_ms": min,
             "gflops": gflops,
+            "isa": active_isa().name(),
+            "cpu": describe_cpu(),
         });
         println!("{line}");
     } else {
         println!(
-            "mha E={e} H={h} B={b} N={n}{} {}: median {median:.3} ms, min {min:.3} ms, {gflops:.1} GFLOP/s",
+            "mha E={e} H={h} B={b} N={n}{} {} [{}]: median {median:.3} ms, min {min:.3} ms, {gflops:.1} GFLOP/s",
             if a.causal { " causal" } else { "" },
-            dtype_name(dtype)
+            dtype_name(dtype),
+            active_isa()
         );
     }
     Ok(())

@@ -17,10 +17,27 @@ use clap::{Parser, Subcommand, ValueEnum};
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
-#[command(name = "attn", version, about = "Attention Is All You Need, on candle")]
+#[command(
+    name = "attn",
+    version,
+    long_version = long_version(),
+    about = "Attention Is All You Need, on candle"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+/// `attn --version`: the version, then what this CPU offers the kernels and the level they run
+/// at (`ATTN_CPU_ISA=portable|avx2|avx512` lowers it). Built once per process (clap wants a
+/// `'static` string).
+fn long_version() -> &'static str {
+    let text = format!(
+        "{}\n{}",
+        env!("CARGO_PKG_VERSION"),
+        candle_attention::testing::describe_cpu()
+    );
+    Box::leak(text.into_boxed_str())
 }
 
 #[derive(Subcommand, Debug)]

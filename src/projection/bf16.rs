@@ -22,6 +22,7 @@
 #[cfg(target_arch = "x86_64")]
 use super::avx512_bf16 as avx512;
 use super::tile::{PANEL, R};
+use crate::simd::Isa;
 
 /// `f32` value of bf16 bits.
 #[inline(always)]
@@ -106,7 +107,7 @@ pub(super) fn round_row(kernel: Kernel, src: &[f32], dst: &mut [u16]) {
     }
 }
 
-/// Which bf16 micro-kernel runs: chosen once per call by [`Kernel::detect`].
+/// Which bf16 micro-kernel runs: chosen once per call by [`Kernel::for_isa`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Kernel {
     /// Plain Rust (products in `f32`).
@@ -118,13 +119,14 @@ pub(super) enum Kernel {
 }
 
 impl Kernel {
-    /// The AVX-512 BF16 kernel when this CPU has it (and not `force_portable`).
-    pub(super) fn detect(force_portable: bool) -> Kernel {
+    /// The AVX-512 BF16 kernel when `isa` is AVX-512 and this CPU has AVX-512 BF16 (and BW,
+    /// VL), else the portable one.
+    pub(super) fn for_isa(isa: Isa) -> Kernel {
         #[cfg(target_arch = "x86_64")]
-        if !force_portable && has_avx512bf16() {
+        if isa == Isa::Avx512 && has_avx512bf16() {
             return Kernel::Avx512Bf16;
         }
-        let _ = force_portable;
+        let _ = isa;
         Kernel::Portable
     }
 }
@@ -264,7 +266,7 @@ mod tests {
             7.0,
         ];
         src.extend((0..40).map(|i| (i as f32 * 0.377).sin() * 1e3));
-        for kernel in [Kernel::detect(false), Kernel::Portable] {
+        for kernel in [Kernel::for_isa(Isa::get()), Kernel::Portable] {
             for len in [0, 1, 15, 16, 17, src.len()] {
                 let mut dst = vec![0u16; len];
                 round_row(kernel, &src[..len], &mut dst);
@@ -294,7 +296,7 @@ mod tests {
     /// panels, panels entered in the middle and row counts around the micro-tile.
     #[test]
     fn kernels_match_the_plain_sum() {
-        let kernels = [Kernel::detect(false), Kernel::Portable];
+        let kernels = [Kernel::for_isa(Isa::get()), Kernel::Portable];
         for &(m, k, n, within) in &[(1, 1, 1, 0), (7, 5, 17, 3), (13, 34, 64, 0), (6, 9, 40, 20)] {
             let wt = exact_bf16(n.max(1) * k, 5);
             // W (n + within, k): the first `within` rows are skipped by entering the panel.

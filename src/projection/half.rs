@@ -99,7 +99,7 @@ impl HalfPanels {
     /// Packs `weight` `(out, k)`, a CPU bf16 or f16 tensor (see the module documentation for
     /// what each keeps in memory): bf16 into pair panels where the CPU has AVX-512 BF16.
     pub(super) fn pack(weight: &Tensor) -> candle::Result<Self> {
-        Self::pack_as(weight, bf16::has_avx512bf16())
+        Self::pack_as(weight, Kernel::for_isa(Isa::get()) != Kernel::Portable)
     }
 
     /// [`HalfPanels::pack`], bf16 into pair panels if `pairs`, else into `f32` panels.
@@ -175,6 +175,7 @@ impl HalfPanels {
     /// contiguous.
     pub(super) fn linear(
         &self,
+        isa: Isa,
         x: &Tensor,
         m: usize,
         col0: usize,
@@ -209,10 +210,8 @@ impl HalfPanels {
             bias: bias.as_deref(),
         };
         let y = match &self.data {
-            PanelData::Bf16(panels) => gemm(&op, Panels::Bf16(panels, Kernel::detect(false))),
-            PanelData::F32(panels) => {
-                gemm(&op, Panels::F32(panels, Isa::detect(false), self.dtype))
-            }
+            PanelData::Bf16(panels) => gemm(&op, Panels::Bf16(panels, Kernel::for_isa(isa))),
+            PanelData::F32(panels) => gemm(&op, Panels::F32(panels, isa, self.dtype)),
         };
         match self.dtype {
             DType::BF16 => {
@@ -565,19 +564,12 @@ pub(super) mod tests {
                         false,
                     ),
                 ];
-                if !cfg!(miri) {
+                // Under Miri `isas()` is the portable set only (no SIMD features).
+                for isa in crate::simd::isas().into_iter().skip(1) {
                     cases.extend([
-                        (&xb, Panels::Bf16(&pairs, Kernel::detect(false)), true),
-                        (
-                            &xb,
-                            Panels::F32(&f32_panels, Isa::detect(false), DType::BF16),
-                            true,
-                        ),
-                        (
-                            &xh,
-                            Panels::F32(&f32_panels, Isa::detect(false), DType::F16),
-                            false,
-                        ),
+                        (&xb, Panels::Bf16(&pairs, Kernel::for_isa(isa)), true),
+                        (&xb, Panels::F32(&f32_panels, isa, DType::BF16), true),
+                        (&xh, Panels::F32(&f32_panels, isa, DType::F16), false),
                     ]);
                 }
                 let runs: Vec<(Vec<u16>, bool)> = cases
@@ -628,7 +620,7 @@ pub(super) mod tests {
                 back.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
                 want.flatten_all().unwrap().to_vec1::<f32>().unwrap()
             );
-            let y = p.linear(&x, m, 3, 60, None).unwrap();
+            let y = p.linear(Isa::get(), &x, m, 3, 60, None).unwrap();
             ys.push(
                 y.to_dtype(DType::F32)
                     .unwrap()

@@ -36,9 +36,11 @@ pub(super) unsafe fn accumulate(
         // `avx512::accumulate`'s contract.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => avx512::accumulate(x.as_ptr(), gs, kc, wp.as_ptr(), y, ys, nr, w, ahead),
-        // SAFETY: avx2 and fma were detected; the rows are the caller's contract.
+        // SAFETY: `Isa::Avx2` exists only after avx2 and fma were detected; the lengths of
+        // `x` and `wp` are asserted above and `y`'s rows are the caller's contract: that is
+        // `avx2::accumulate`'s contract.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => avx2::accumulate(x, gs, kc, wp, y, ys, nr, w),
+        Isa::Avx2 => avx2::accumulate(x.as_ptr(), gs, kc, wp.as_ptr(), y, ys, nr, w, ahead),
         // SAFETY: the caller's contract.
         Isa::Portable => portable::accumulate::<false>(x, gs, kc, wp, y, ys, nr, w),
     }
@@ -47,8 +49,9 @@ pub(super) unsafe fn accumulate(
 /// Rows `i < nr`, columns `c < w` of `y` (f16 bits, row stride `ys`) `= round(bias[c] +
 /// Σ_{kk < k} x(i, kk) · wp[kk * 64 + c])`, `x` packed as for [`accumulate`], over the whole
 /// reduction at once with the sums in registers and one rounding, straight into the output
-/// (`avx512::product_f16`). `None` where the CPU cannot (no AVX-512 BW/VL): the caller
-/// then accumulates into an `f32` tile and rounds it.
+/// (`avx512::product_f16`, `avx2::product_f16`). `None` for the portable kernels (and
+/// AVX-512 without BW/VL, which then takes AVX2's): the caller then accumulates into an `f32`
+/// tile and rounds it.
 ///
 /// # Safety
 /// `y` is valid for writes of `w` values at `y + i * ys` for `i < nr`, and nothing else
@@ -81,7 +84,15 @@ pub(super) unsafe fn product_f16(
             avx512::product_f16(x.as_ptr(), gs, k, wp.as_ptr(), b, y, ys, nr, w);
             Some(())
         }
-        _ => None,
+        // SAFETY: `Isa::Avx2` and `Isa::Avx512` exist only after avx2, fma and f16c were
+        // detected; the lengths asserted above and the caller's `y` are the kernel's contract.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512 => {
+            let b = bias.map_or(std::ptr::null(), |b| b.as_ptr());
+            avx2::product_f16(x.as_ptr(), gs, k, wp.as_ptr(), b, y, ys, nr, w);
+            Some(())
+        }
+        Isa::Portable => None,
     }
 }
 
@@ -95,7 +106,11 @@ pub(super) fn pack_strip(isa: Isa, rows: &[f32], cols: usize, k: usize, panel: &
         // asserted above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe { avx512::pack_strip(rows, cols, k, panel) },
-        _ => {
+        // SAFETY: `Isa::Avx2` exists only after avx2 was detected; the lengths are asserted
+        // above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::pack_strip(rows, cols, k, panel) },
+        Isa::Portable => {
             for (j, row) in rows.chunks_exact(k).take(cols).enumerate() {
                 for (kk, &v) in row.iter().enumerate() {
                     panel[kk * PANEL + j] = v;
@@ -105,14 +120,15 @@ pub(super) fn pack_strip(isa: Isa, rows: &[f32], cols: usize, k: usize, panel: &
     }
 }
 
-/// `y[i * ys + r] = Σ_kk x[i, kk] · w[r, kk] + bias[r]` for `i < m`, `r < rows`, with AVX-512
-/// where the CPU has it.
+/// `y[i * ys + r] = Σ_kk x[i, kk] · w[r, kk] + bias[r]` for `i < m`, `r < rows`, with the
+/// kernel of `isa`.
 ///
 /// # Safety
 /// `y` is valid for writes at `i * ys + r` for every `i < m`, `r < rows`, and nothing else
 /// accesses those floats meanwhile.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn rows_block(
+    isa: Isa,
     x: &[f32],
     m: usize,
     w: &[f32],
@@ -123,14 +139,15 @@ pub(super) unsafe fn rows_block(
     ys: usize,
 ) {
     assert!(x.len() >= m * k && w.len() >= rows * k && bias.is_none_or(|b| b.len() >= rows));
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx512f") {
-            // SAFETY: avx512f was detected just above; the lengths are asserted above and
-            // `y` is the caller's contract, which is the function's.
-            return unsafe { avx512::rows_block(x, m, w, rows, k, bias, y, ys) };
-        }
+    match isa {
+        // SAFETY: `Isa::Avx512` exists only after avx512f was detected; the lengths are
+        // asserted above and `y` is the caller's contract, which is the function's.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { avx512::rows_block(x, m, w, rows, k, bias, y, ys) },
+        // SAFETY: `Isa::Avx2` exists only after avx2 and fma were detected; as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::rows_block(x, m, w, rows, k, bias, y, ys) },
+        // SAFETY: the caller's contract.
+        Isa::Portable => unsafe { portable::rows_block::<false>(x, m, w, rows, k, bias, y, ys) },
     }
-    // SAFETY: the caller's contract.
-    unsafe { portable::rows_block(x, m, w, rows, k, bias, y, ys) }
 }

@@ -340,6 +340,13 @@ impl Module for Projection {
     /// `x` `(..., in)` → `(..., out)`; also for inputs without elements (a zero-length
     /// sequence gives an empty output, zero input features give `b`).
     fn forward(&self, x: &Tensor) -> candle::Result<Tensor> {
+        self.forward_at(x, Isa::get())
+    }
+}
+
+impl Projection {
+    /// [`Module::forward`] with the CPU kernels of `isa` (the tests run every level).
+    pub(crate) fn forward_at(&self, x: &Tensor, isa: Isa) -> candle::Result<Tensor> {
         let (k, n) = (self.in_features(), self.out_features());
         let Some(&last) = x.dims().last() else {
             candle::bail!("a linear layer needs an input with at least one dimension, got a scalar")
@@ -372,13 +379,21 @@ impl Module for Projection {
         }
         if let Weight::Packed { panels, col0, .. } = &self.weight {
             if is_cpu_constant_f32(x) {
-                let y = cpu_linear(&x.contiguous()?, m, panels, *col0, n, self.bias.as_ref())?;
+                let y = cpu_linear(
+                    isa,
+                    &x.contiguous()?,
+                    m,
+                    panels,
+                    *col0,
+                    n,
+                    self.bias.as_ref(),
+                )?;
                 return y.reshape(out_dims);
             }
         }
         if let Weight::Half { panels, col0, .. } = &self.weight {
             if is_cpu_constant_half(x) {
-                let y = panels.linear(&x.contiguous()?, m, *col0, n, self.bias.as_ref())?;
+                let y = panels.linear(isa, &x.contiguous()?, m, *col0, n, self.bias.as_ref())?;
                 return y.reshape(out_dims);
             }
         }
@@ -401,7 +416,7 @@ impl Module for Projection {
                 Some((bs, bl)) => Some(&cpu_f32(bs)?[bl.start_offset()..][..n]),
                 None => None,
             };
-            let y = rows::linear_nt(xv, m, wv, n, k, bias);
+            let y = rows::linear_nt(isa, xv, m, wv, n, k, bias);
             return Tensor::from_vec(y, out_dims, &Device::Cpu);
         }
         // Autograd, CUDA, other dtypes: candle's ops, as candle-nn's `Linear`.
@@ -428,6 +443,7 @@ fn is_cpu_constant_half(t: &Tensor) -> bool {
 
 /// The packed path: contiguous `x` with `m` rows of `k` features → `(m, n)`.
 fn cpu_linear(
+    isa: Isa,
     x: &Tensor,
     m: usize,
     panels: &Tensor,
@@ -448,7 +464,7 @@ fn cpu_linear(
     let (ps, pl) = panels.storage_and_layout();
     let panels = &cpu_f32(&ps)?[pl.start_offset()..][..panels.elem_count()];
     let y = gemm::gemm(
-        Isa::detect(false),
+        isa,
         gemm::Operands {
             x,
             m,

@@ -6,6 +6,7 @@
 
 use super::kernels::rows_block;
 use super::tile::OutPtr;
+use crate::simd::Isa;
 use rayon::prelude::*;
 
 /// Output rows of `W` per parallel task.
@@ -19,8 +20,16 @@ const ROWS_PER_TASK: usize = 128;
 /// 21.9 vs 22.4, 96 rows 31.5 vs 30.9.
 const PACKED_MIN_ROWS: usize = 96;
 
+/// [`PACKED_MIN_ROWS`] for the kernels of `isa`.
+fn packed_min_rows(isa: Isa) -> usize {
+    match isa {
+        _ => PACKED_MIN_ROWS,
+    }
+}
+
 /// `y = x Wᵀ + b`: `x` `(m, k)` row-major, `w` `(n, k)` row-major, `bias` `(n)` → `(m, n)`.
 pub(crate) fn linear_nt(
+    isa: Isa,
     x: &[f32],
     m: usize,
     w: &[f32],
@@ -29,15 +38,16 @@ pub(crate) fn linear_nt(
     bias: Option<&[f32]>,
 ) -> Vec<f32> {
     assert!(x.len() >= m * k && w.len() >= n * k && bias.is_none_or(|b| b.len() >= n));
-    if m >= PACKED_MIN_ROWS && k > 0 {
-        return super::gemm::gemm_rows(crate::simd::Isa::detect(false), x, m, k, w, n, bias);
+    if m >= packed_min_rows(isa) && k > 0 {
+        return super::gemm::gemm_rows(isa, x, m, k, w, n, bias);
     }
-    linear_nt_rows(x, m, w, n, k, bias)
+    linear_nt_rows(isa, x, m, w, n, k, bias)
 }
 
 /// [`linear_nt`] by dot products of the rows of `x` with the rows of `W` where they lie: tasks
 /// of [`ROWS_PER_TASK`] rows of `W` in parallel, each writing its columns of `y` (all rows).
 fn linear_nt_rows(
+    isa: Isa,
     x: &[f32],
     m: usize,
     w: &[f32],
@@ -61,6 +71,7 @@ fn linear_nt_rows(
             // which outlive the loop.
             unsafe {
                 rows_block(
+                    isa,
                     x,
                     m,
                     &w[r0 * k..(r0 + rows) * k],
@@ -84,25 +95,35 @@ mod tests {
 
     #[test]
     fn portable_and_dispatched_blocks_agree() {
-        // Whole 4 × 4 tiles and every kind of edge tile, with and without a bias.
-        let (m, rows, k) = (6, 9, 37);
-        let x: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
-        let w: Vec<f32> = (0..rows * k).map(|i| (i % 5) as f32 - 2.0).collect();
-        let bias: Vec<f32> = (0..rows).map(|r| r as f32 - 4.0).collect();
-        for bias in [None, Some(bias.as_slice())] {
-            // y at a row stride wider than `rows`, as a task writes its columns of `y`.
-            let ys = rows + 3;
-            let (mut a, mut b) = (vec![7f32; m * ys], vec![7f32; m * ys]);
-            // SAFETY: both buffers hold m rows of ys >= rows floats.
-            unsafe {
-                rows_block(&x, m, &w, rows, k, bias, a.as_mut_ptr(), ys);
-                super::super::portable::rows_block(&x, m, &w, rows, k, bias, b.as_mut_ptr(), ys);
+        // Whole tiles and every kind of edge tile, with and without a bias.
+        for (m, rows, k) in [
+            (6, 9, 37),
+            (1, 9, 37),
+            (2, 7, 16),
+            (3, 13, 8),
+            (9, 14, 71),
+            (13, 5, 3),
+        ] {
+            let x: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
+            let w: Vec<f32> = (0..rows * k).map(|i| (i % 5) as f32 - 2.0).collect();
+            let bias: Vec<f32> = (0..rows).map(|r| r as f32 - 4.0).collect();
+            for bias in [None, Some(bias.as_slice())] {
+                // y at a row stride wider than `rows`, as a task writes its columns of `y`.
+                let ys = rows + 3;
+                let mut want = vec![7f32; m * ys];
+                for i in 0..m {
+                    for r in 0..rows {
+                        let dot: f32 = (0..k).map(|c| x[i * k + c] * w[r * k + c]).sum();
+                        want[i * ys + r] = dot + bias.map_or(0.0, |b| b[r]);
+                    }
+                }
+                for isa in crate::simd::isas() {
+                    let mut a = vec![7f32; m * ys];
+                    // SAFETY: the buffer holds m rows of ys >= rows floats.
+                    unsafe { rows_block(isa, &x, m, &w, rows, k, bias, a.as_mut_ptr(), ys) };
+                    assert_eq!(a, want, "{isa:?}: small integers, so every sum is exact");
+                }
             }
-            assert_eq!(a, b, "small integers: both sums are exact");
-            assert!(
-                a.chunks(ys).all(|row| row[rows..] == [7.0; 3]),
-                "only `rows` columns written"
-            );
         }
     }
 
@@ -130,15 +151,18 @@ mod tests {
                 .map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0)
                 .collect();
             let b: Vec<f32> = (0..n).map(|i| i as f32 * 0.25).collect();
-            let y = linear_nt(&x, m, &w, n, k, Some(&b));
-            for i in 0..m {
-                for j in 0..n {
-                    let want: f32 = (0..k).map(|c| x[i * k + c] * w[j * k + c]).sum::<f32>() + b[j];
-                    let got = y[i * n + j];
-                    assert!(
-                        (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                        "{m}x{n}x{k} ({i},{j}): {got} vs {want}"
-                    );
+            for isa in crate::simd::isas() {
+                let y = linear_nt(isa, &x, m, &w, n, k, Some(&b));
+                for i in 0..m {
+                    for j in 0..n {
+                        let want: f32 =
+                            (0..k).map(|c| x[i * k + c] * w[j * k + c]).sum::<f32>() + b[j];
+                        let got = y[i * n + j];
+                        assert!(
+                            (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                            "{isa:?} {m}x{n}x{k} ({i},{j}): {got} vs {want}"
+                        );
+                    }
                 }
             }
         }

@@ -2,13 +2,24 @@
 //! GEMM ([`crate::projection`]): which instruction set to run ([`Isa`]), the per-thread
 //! [scratch](with_scratch) buffer, borrowing a CPU tensor's floats ([`cpu_f32`]), the portable
 //! [`fma`], the `2^x` polynomial, row operations over long score vectors ([`rows`]: the
-//! generation loops' `log_softmax`, argmax, top-k scan), and (x86-64) the AVX-512 helpers of
-//! the micro-kernels.
+//! generation loops' `log_softmax`, argmax, top-k scan), and (x86-64) the AVX2 and AVX-512
+//! helpers of the micro-kernels.
+//!
+//! **Which instruction set runs** is decided in one place, [`Isa::get`]: the best level the
+//! CPU has, detected once (`is_x86_feature_detected!`; AVX2 means AVX2 + FMA + F16C, AVX-512
+//! means AVX-512F on top), lowered by the environment variable `ATTN_CPU_ISA` (`portable`,
+//! `avx2` or `avx512`, read once). A level above the CPU's runs the CPU's best; an unknown
+//! value is ignored (the best level runs) with one warning on stderr. Every kernel dispatch
+//! takes its [`Isa`] from there, or from [`Isa::at_most`] for a per-call request (the
+//! kernels' knobs, the tests), which can only lower it.
 //!
 //! Nothing here is attention- or GEMM-specific; the kernels themselves stay with their module.
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+pub(crate) mod elementwise;
 pub(crate) mod rows;
 mod scratch;
 
@@ -28,6 +39,23 @@ pub(crate) const EXP2_POLY: [f32; 7] = [
     1.0,
 ];
 
+/// `2^x` with [`EXP2_POLY`], branch-free, for the portable kernels (the compiler vectorises
+/// loops of it); `0` for `x < -126.5` (including `-inf`), NaN for NaN. `FMA`: fused
+/// multiply-adds (only in code compiled with the `fma` target feature).
+#[inline(always)]
+pub(crate) fn exp2<const FMA: bool>(x: f32) -> f32 {
+    let x = x.clamp(-127.0, 127.0);
+    let n = (x + 12_582_912.0) - 12_582_912.0; // round to nearest
+    let f = x - n;
+    let c = EXP2_POLY;
+    let mut p = c[0];
+    for &ci in &c[1..] {
+        p = fma::<FMA>(p, f, ci);
+    }
+    // n = -127 gives the bit pattern of +0.0.
+    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
 /// Coefficients (highest degree first) of a degree-4 polynomial approximating `2^f` on
 /// `[-0.5, 0.5]`, relative error 3.1e-6 and exactly 1 at 0 (least squares on Chebyshev nodes,
 /// weighted by `2^-f`): for probabilities that are rounded to bf16 (relative error up to 2^-9 = 2e-3)
@@ -40,39 +68,227 @@ pub(crate) const EXP2_POLY_BF16: [f32; 5] = [
     1.0,
 ];
 
-/// The instruction set the kernels run with. `Avx512` and `Avx2` are only ever constructed by
-/// [`Isa::detect`] after a successful runtime check, which is what makes calling their
+/// A SIMD level, as a caller names it: what `ATTN_CPU_ISA` holds, what the kernels' per-call
+/// knobs (`TiledConfig::isa`, the hidden `testing` module) ask for. Ordered: `Portable <
+/// Avx2 < Avx512`. Asking is always safe: a level above what the CPU (or `ATTN_CPU_ISA`)
+/// allows runs at the best level that is allowed ([`Isa::at_most`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum IsaLevel {
+    /// Plain Rust, written so the compiler vectorises it for the target's baseline (SSE2 on
+    /// x86-64, NEON on aarch64).
+    Portable,
+    /// AVX2 + FMA + F16C (the x86-64-v3 level): hand-written 256-bit micro-kernels.
+    Avx2,
+    /// AVX-512F on top of that level (with AVX-512 BW/VL and BF16 where a kernel needs them).
+    Avx512,
+}
+
+impl IsaLevel {
+    /// Every level, lowest first.
+    pub const ALL: [IsaLevel; 3] = [IsaLevel::Portable, IsaLevel::Avx2, IsaLevel::Avx512];
+
+    /// The name `ATTN_CPU_ISA` uses: `portable`, `avx2`, `avx512`.
+    pub fn name(self) -> &'static str {
+        match self {
+            IsaLevel::Portable => "portable",
+            IsaLevel::Avx2 => "avx2",
+            IsaLevel::Avx512 => "avx512",
+        }
+    }
+
+    /// The level named `s` (ASCII case and surrounding blanks ignored; `avx512f`, `avx-512`
+    /// and `x86-64-v3`/`v4` accepted too), or `None`.
+    pub fn parse(s: &str) -> Option<IsaLevel> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "portable" | "scalar" | "none" => Some(IsaLevel::Portable),
+            "avx2" | "x86-64-v3" => Some(IsaLevel::Avx2),
+            "avx512" | "avx512f" | "avx-512" | "x86-64-v4" => Some(IsaLevel::Avx512),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for IsaLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The instruction set a kernel runs with: a proof that the CPU has it. `Avx512` and `Avx2`
+/// are only ever constructed from [`hardware_best`]'s runtime checks (through [`Isa::get`] or
+/// [`Isa::at_most`], which never go above them), which is what makes calling their
 /// `#[target_feature]` functions sound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Isa {
     Portable,
+    /// AVX2, FMA and F16C detected.
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// AVX-512F detected, with everything `Avx2` needs.
     #[cfg(target_arch = "x86_64")]
     Avx512,
 }
 
-impl Isa {
-    /// The best instruction set this CPU has (`Portable` when `force_portable`): AVX-512F
-    /// (with AVX2 and FMA), else AVX2 with FMA, else portable Rust.
-    pub(crate) fn detect(force_portable: bool) -> Isa {
-        if force_portable {
-            return Isa::Portable;
-        }
+/// The environment variable that lowers the instruction set of every kernel.
+pub const ISA_ENV: &str = "ATTN_CPU_ISA";
+
+/// The best instruction set this CPU has (checked once).
+fn hardware_best() -> Isa {
+    static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+    *BEST.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            if is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx2")
+            let avx2 = is_x86_feature_detected!("avx2")
                 && is_x86_feature_detected!("fma")
-            {
+                && is_x86_feature_detected!("f16c");
+            if avx2 && is_x86_feature_detected!("avx512f") {
                 return Isa::Avx512;
             }
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            if avx2 {
                 return Isa::Avx2;
             }
         }
         Isa::Portable
+    })
+}
+
+/// What `ATTN_CPU_ISA` says, read once: `Ok(None)` when unset or empty (or `auto`/`best`),
+/// `Err(value)` for a value that names no level.
+fn env_request() -> &'static Result<Option<IsaLevel>, String> {
+    static REQUEST: std::sync::OnceLock<Result<Option<IsaLevel>, String>> =
+        std::sync::OnceLock::new();
+    REQUEST.get_or_init(|| match std::env::var(ISA_ENV) {
+        Err(_) => Ok(None),
+        Ok(v) if matches!(v.trim().to_ascii_lowercase().as_str(), "" | "auto" | "best") => Ok(None),
+        Ok(v) => IsaLevel::parse(&v).map(Some).ok_or(v),
+    })
+}
+
+impl Isa {
+    /// The instruction set of this process, decided once: the best the CPU has
+    /// ([`hardware_best`]), lowered to `ATTN_CPU_ISA` when that names a lower level. A level
+    /// above the CPU's gives the CPU's best; a value that names no level is ignored (the best
+    /// level runs) with one warning on stderr.
+    pub(crate) fn get() -> Isa {
+        static PROCESS: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *PROCESS.get_or_init(|| match env_request() {
+            Ok(None) => hardware_best(),
+            Ok(Some(level)) => hardware_best().capped(*level),
+            Err(v) => {
+                eprintln!(
+                    "candle-attention: ignoring {ISA_ENV}={v:?} (expected portable, avx2 or \
+                     avx512); using {}",
+                    hardware_best().level()
+                );
+                hardware_best()
+            }
+        })
     }
+
+    /// [`Isa::get`], or at most `level` when one is asked for: the per-call knob of the
+    /// kernels (`TiledConfig::isa`, tests). Never above the process's level.
+    pub(crate) fn at_most(level: Option<IsaLevel>) -> Isa {
+        match level {
+            None => Isa::get(),
+            Some(level) => Isa::get().capped(level),
+        }
+    }
+
+    /// The highest instruction set not above `self` and not above `level`.
+    fn capped(self, level: IsaLevel) -> Isa {
+        if self.level() <= level {
+            return self;
+        }
+        match level {
+            IsaLevel::Portable => Isa::Portable,
+            // `self` is above AVX2, so AVX2 was detected too (`hardware_best`).
+            #[cfg(target_arch = "x86_64")]
+            IsaLevel::Avx2 => Isa::Avx2,
+            _ => Isa::Portable,
+        }
+    }
+
+    /// The level this instruction set is.
+    pub(crate) fn level(self) -> IsaLevel {
+        match self {
+            Isa::Portable => IsaLevel::Portable,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => IsaLevel::Avx2,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => IsaLevel::Avx512,
+        }
+    }
+}
+
+/// The levels the kernels can run at in this process, lowest first: every level up to
+/// [`Isa::get`] (so `ATTN_CPU_ISA=portable` leaves only `Portable`).
+pub fn available_levels() -> Vec<IsaLevel> {
+    let top = Isa::get().level();
+    IsaLevel::ALL.into_iter().filter(|&l| l <= top).collect()
+}
+
+/// Every instruction set the kernels can run at in this process, lowest first (the
+/// [`available_levels`]): what the kernel tests loop over.
+#[cfg(test)]
+pub(crate) fn isas() -> Vec<Isa> {
+    available_levels()
+        .into_iter()
+        .map(|l| Isa::at_most(Some(l)))
+        .collect()
+}
+
+/// The level the kernels run at in this process ([`Isa::get`]).
+pub fn active_level() -> IsaLevel {
+    Isa::get().level()
+}
+
+/// The best level this CPU has, whatever `ATTN_CPU_ISA` says.
+pub fn cpu_level() -> IsaLevel {
+    hardware_best().level()
+}
+
+/// What this CPU offers the kernels, in one line: the best level, the x86 features the
+/// kernels look for, and the level in use (with `ATTN_CPU_ISA` when set), e.g. `cpu: avx2
+/// (avx2 fma f16c; no avx512f); kernels: avx2`.
+pub fn describe_cpu() -> String {
+    #[allow(unused_mut)]
+    let mut have: Vec<&str> = Vec::new();
+    #[allow(unused_mut)]
+    let mut lack: Vec<&str> = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        let features: [(&str, bool); 8] = [
+            ("avx2", is_x86_feature_detected!("avx2")),
+            ("fma", is_x86_feature_detected!("fma")),
+            ("f16c", is_x86_feature_detected!("f16c")),
+            ("avx512f", is_x86_feature_detected!("avx512f")),
+            ("avx512bw", is_x86_feature_detected!("avx512bw")),
+            ("avx512vl", is_x86_feature_detected!("avx512vl")),
+            ("avx512bf16", is_x86_feature_detected!("avx512bf16")),
+            ("avx512vnni", is_x86_feature_detected!("avx512vnni")),
+        ];
+        for (name, on) in features {
+            if on {
+                have.push(name);
+            } else {
+                lack.push(name);
+            }
+        }
+    }
+    let mut s = format!("cpu: {} ({}", cpu_level(), std::env::consts::ARCH);
+    if !have.is_empty() {
+        s += &format!(" {}", have.join(" "));
+    }
+    if !lack.is_empty() {
+        s += &format!("; no {}", lack.join(" "));
+    }
+    s += &format!("); kernels: {}", active_level());
+    match env_request() {
+        Ok(Some(level)) => s += &format!(" ({ISA_ENV}={level})"),
+        Err(v) => s += &format!(" ({ISA_ENV}={v:?} ignored)"),
+        Ok(None) => {}
+    }
+    s
 }
 
 /// The `f32` elements of a CPU storage (the whole buffer: index it from the layout's start
@@ -84,38 +300,6 @@ pub(crate) fn cpu_f32(storage: &Storage) -> candle::Result<&[f32]> {
             "the CPU kernels (tiled attention, packed projection) run on CPU tensors only"
         ),
     }
-}
-
-/// Below this many elements [`map_cpu_f32`] runs on the calling thread.
-const MAP_PARALLEL_MIN: usize = 1 << 15;
-
-/// `f` applied to every element of a CPU `f32` tensor outside any autograd graph, as a new
-/// contiguous tensor of the same shape, on rayon's pool when large; `None` for anything else
-/// (another device or dtype, a tensor tracking its gradient), which the caller computes with
-/// candle's ops.
-pub(crate) fn map_cpu_f32(
-    xs: &candle::Tensor,
-    f: fn(f32) -> f32,
-) -> candle::Result<Option<candle::Tensor>> {
-    use rayon::prelude::*;
-    if !xs.device().is_cpu() || xs.dtype() != candle::DType::F32 || xs.track_op() {
-        return Ok(None);
-    }
-    let xs = xs.contiguous()?;
-    let ys: Vec<f32> = {
-        let (storage, layout) = xs.storage_and_layout();
-        let src = &cpu_f32(&storage)?[layout.start_offset()..][..xs.elem_count()];
-        if src.len() >= MAP_PARALLEL_MIN {
-            // An indexed parallel collect writes each element once, in place.
-            src.par_iter()
-                .with_min_len(MAP_PARALLEL_MIN / 2)
-                .map(|&v| f(v))
-                .collect()
-        } else {
-            src.iter().map(|&v| f(v)).collect()
-        }
-    };
-    candle::Tensor::from_vec(ys, xs.shape(), xs.device()).map(Some)
 }
 
 /// The elements of a CPU f16 or bf16 storage as their 16-bit patterns (the whole buffer: index
@@ -143,49 +327,5 @@ pub(crate) fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
         a.mul_add(b, c)
     } else {
         a * b + c
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::transformer::Activation;
-    use candle::{Device, Tensor, Var};
-
-    /// The CPU path of the activations (`map_cpu_f32`, serial and on the pool) gives exactly
-    /// candle's values; tensors it does not take (tracking a gradient, another dtype) still get
-    /// candle's op.
-    #[test]
-    fn activations_on_the_cpu_path_equal_candles_ops() -> candle::Result<()> {
-        // 70 000 values take the pool; under Miri (minutes per thousand) only the serial path.
-        let lens: &[usize] = if cfg!(miri) { &[7] } else { &[7, 70_000] };
-        for &len in lens {
-            let xs = Tensor::randn(0f32, 3.0, (len,), &Device::Cpu)?;
-            for (act, want) in [
-                (Activation::Silu, xs.silu()?),
-                (Activation::Relu, xs.relu()?),
-            ] {
-                let (got, want) = (act.apply(&xs)?.to_vec1::<f32>()?, want.to_vec1::<f32>()?);
-                if cfg!(miri) {
-                    // Miri adds a few ulps of random error to every `exp` on purpose (a
-                    // platform's libm may differ), so two evaluations of the same formula
-                    // differ there by that much; natively they are bit-for-bit equal.
-                    for (g, w) in got.iter().zip(&want) {
-                        let tol = 8.0 * f32::EPSILON * w.abs().max(1.0);
-                        assert!((g - w).abs() <= tol, "{act:?}, {len}: {g} vs {w}");
-                    }
-                } else {
-                    assert_eq!(got, want, "{act:?}, {len}");
-                }
-                // A strided view is made contiguous first.
-                let view = xs.reshape((len, 1))?.t()?;
-                assert_eq!(act.apply(&view)?.dims(), &[1, len]);
-            }
-        }
-        let var = Var::randn(0f32, 1.0, (3, 4), &Device::Cpu)?;
-        assert!(super::map_cpu_f32(var.as_tensor(), |v| v)?.is_none());
-        let half = Tensor::ones((2,), candle::DType::F16, &Device::Cpu)?;
-        assert!(super::map_cpu_f32(&half, |v| v)?.is_none());
-        assert_eq!(Activation::Silu.apply(&half)?.dtype(), candle::DType::F16);
-        Ok(())
     }
 }

@@ -1,8 +1,10 @@
 //! Layer normalisation that keeps gradients.
 //!
 //! candle-nn's fused `layer_norm` kernel records no backward pass: a model trained through it
-//! silently gets no gradient through its norms. [`LayerNorm`] uses the fused kernel for
-//! inference and the composed formula whenever the input is tracked by autograd.
+//! silently gets no gradient through its norms. [`LayerNorm`] uses a fused kernel for
+//! inference (ours for CPU `f32`, `crate::simd::elementwise::layer_norm`, vectorised per
+//! instruction set; candle-nn's otherwise) and the composed formula whenever the input is
+//! tracked by autograd.
 
 use candle::{DType, Module, Tensor, D};
 use candle_nn::VarBuilder;
@@ -42,6 +44,18 @@ impl Module for LayerNorm {
     fn forward(&self, xs: &Tensor) -> candle::Result<Tensor> {
         let tracked = xs.track_op() || self.weight.track_op();
         if !tracked {
+            // CPU f32: our vectorised two-pass kernel (`crate::simd::elementwise`); anything
+            // else candle's fused op.
+            let isa = crate::simd::Isa::get();
+            if let Some(ys) = crate::simd::elementwise::layer_norm(
+                isa,
+                xs,
+                &self.weight,
+                self.bias.as_ref(),
+                self.eps,
+            )? {
+                return Ok(ys);
+            }
             return self.inner.forward(xs);
         }
         let dtype = xs.dtype();

@@ -1,53 +1,474 @@
-//! The AVX2 + FMA micro-kernels of the tiled attention: the portable kernels compiled a second
-//! time with those features enabled.
+//! AVX2 + FMA micro-kernels of the tiled attention kernel ([`super::tiled`]), for 16 `ymm`
+//! registers, and the F16C / AVX2 conversions of half-precision tiles ([`super::half`]).
+//!
+//! Every function here is `unsafe` and `#[target_feature(enable = "avx2,fma")]` (F16C too for
+//! the conversions): it may only be called with an [`crate::simd::Isa::Avx2`] or `Avx512`,
+//! which exist only after `is_x86_feature_detected!` found AVX2, FMA and F16C; the safe
+//! wrappers in [`super::kernels`] and [`super::half`] guarantee that and check every slice
+//! length the kernels rely on. Layouts as in `super::avx512` (`BQ` = 64 queries per block):
+//! `qt` `(D, BQ)`, the score tile `st` `(nk, BQ)`, key / value rows at strides `ks` / `vs`, the
+//! output rows at stride `os`.
+//!
+//! * scores: tiles of 6 keys × 16 queries (12 accumulators, two query vectors, one broadcast
+//!   key element: 15 registers), the key rows read in place;
+//! * online softmax: a key row of the tile at a time, `2 · nv` vectors of 8 queries, the
+//!   running maxima and sums in registers, `2^x` by the polynomial of
+//!   [`crate::simd::EXP2_POLY`] ([`crate::simd::avx2::exp2_ps`]);
+//! * `P·V`: tiles of 6 queries × 16 value columns (12 accumulators, two value vectors, one
+//!   broadcast probability).
+
 #![allow(clippy::too_many_arguments)]
 
-use super::portable;
+use super::tile::BQ;
+use crate::simd::avx2::{exp2_ps, lanes8, load, store, transpose_8x8};
+use core::arch::x86_64::*;
 
+/// Keys per micro-tile of the score kernel.
+const RS: usize = 6;
+/// Queries per micro-tile of the P·V kernel.
+const RP: usize = 6;
+
+/// Scores of `nk` keys against `16 * nv` queries, times `c`:
+/// `st[j * BQ + i] = c · Σ_d k[j * ks + d] * qt[d * BQ + i]`.
+///
 /// # Safety
-/// The CPU supports AVX2 and FMA.
+/// AVX2 and FMA available; `1 <= nv <= 4`; `qt` readable for `d * BQ` floats, `k` for
+/// `(nk - 1) * ks + d` floats (when `nk > 0`), `st` writable for `nk * BQ` floats.
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn scores(
-    qt: &[f32],
+    qt: *const f32,
     d: usize,
-    k: &[f32],
+    k: *const f32,
     ks: usize,
     nk: usize,
-    st: &mut [f32],
+    st: *mut f32,
     nv: usize,
     c: f32,
 ) {
-    portable::scores::<true>(qt, d, k, ks, nk, st, nv, c)
+    let c = _mm256_set1_ps(c);
+    let mut j = 0;
+    while j + RS <= nk {
+        // SAFETY: keys j .. j + RS exist: `k.add(j * ks)` is readable for (RS - 1) * ks + d
+        // floats and `st.add(j * BQ)` writable for RS * BQ floats (j + RS <= nk).
+        for s in 0..nv {
+            scores_tile::<RS>(
+                qt.add(16 * s),
+                d,
+                k.add(j * ks),
+                ks,
+                st.add(j * BQ + 16 * s),
+                c,
+            );
+        }
+        j += RS;
+    }
+    if j == nk {
+        return;
+    }
+    // SAFETY: as in the loop, for the remaining nk - j < RS keys (j < nk).
+    let (kj, sj) = (k.add(j * ks), st.add(j * BQ));
+    for s in 0..nv {
+        let (q, o) = (qt.add(16 * s), sj.add(16 * s));
+        match nk - j {
+            1 => scores_tile::<1>(q, d, kj, ks, o, c),
+            2 => scores_tile::<2>(q, d, kj, ks, o, c),
+            3 => scores_tile::<3>(q, d, kj, ks, o, c),
+            4 => scores_tile::<4>(q, d, kj, ks, o, c),
+            5 => scores_tile::<5>(q, d, kj, ks, o, c),
+            _ => {}
+        }
+    }
 }
 
+/// `R` keys × 16 queries, accumulators in registers over the whole head dimension.
+///
 /// # Safety
-/// The CPU supports AVX2 and FMA.
+/// AVX2 and FMA available; `qt` readable at `dd * BQ ..` for 16 floats, `dd < d`; `k`
+/// readable for `(R - 1) * ks + d` floats; `st` writable at `r * BQ ..` for 16 floats, `r < R`.
+#[inline(always)]
+unsafe fn scores_tile<const R: usize>(
+    qt: *const f32,
+    d: usize,
+    k: *const f32,
+    ks: usize,
+    st: *mut f32,
+    c: __m256,
+) {
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    for dd in 0..d {
+        let q = qt.add(dd * BQ);
+        let (q0, q1) = (_mm256_loadu_ps(q), _mm256_loadu_ps(q.add(8)));
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let kb = _mm256_broadcast_ss(&*k.add(r * ks + dd));
+            acc[0] = _mm256_fmadd_ps(kb, q0, acc[0]);
+            acc[1] = _mm256_fmadd_ps(kb, q1, acc[1]);
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        _mm256_storeu_ps(st.add(r * BQ), _mm256_mul_ps(acc[0], c));
+        _mm256_storeu_ps(st.add(r * BQ + 8), _mm256_mul_ps(acc[1], c));
+    }
+}
+
+/// The query block transposed: `qt[dd * BQ + i] = q[i * qs + dd]` for `i < nq`, `dd < d`,
+/// and `0` for `nq <= i < 16 * ceil(nq / 16)`, by 8 × 8 tiles transposed in registers.
+///
+/// # Safety
+/// AVX2 available; `nq <= BQ`; `q` readable at `i * qs + dd` for `i < nq`, `dd < d`; `qt`
+/// writable for `d * BQ` floats.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn transpose_queries(q: *const f32, qs: usize, nq: usize, d: usize, qt: *mut f32) {
+    let padded = nq.div_ceil(16) * 16;
+    let mut i0 = 0;
+    while i0 < padded {
+        let rows = nq.saturating_sub(i0).min(8);
+        let mut d0 = 0;
+        while d0 < d {
+            let cols = (d - d0).min(8);
+            let cmask = lanes8(cols);
+            let r: [__m256; 8] = std::array::from_fn(|i| {
+                if i < rows {
+                    // SAFETY: row i0 + i < nq, columns d0 .. d0 + cols <= d (masked: the
+                    // lanes past `cols` are neither read nor faulted on).
+                    load(cols < 8, cmask, q.add((i0 + i) * qs + d0))
+                } else {
+                    _mm256_setzero_ps()
+                }
+            });
+            let t = transpose_8x8(r);
+            for (c, t) in t.iter().enumerate().take(cols) {
+                // SAFETY: row d0 + c < d of `qt`, lanes i0 .. i0 + 8 <= padded <= BQ.
+                _mm256_storeu_ps(qt.add((d0 + c) * BQ + i0), *t);
+            }
+            d0 += 8;
+        }
+        i0 += 8;
+    }
+}
+
+/// Adds `kb[j]` (already in the log2 domain) to row `j` of the score tile, for `16 * nv`
+/// queries.
+///
+/// # Safety
+/// AVX2 available; `nv <= 4`; `kb` readable for `nk` floats; `st` readable and writable for
+/// `nk * BQ` floats.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn add_key_bias(st: *mut f32, nk: usize, kb: *const f32, nv: usize) {
+    // Reads kb[j] for j < nk and st[j * BQ + 8 v ..][..8] with 8 v + 8 <= 16 nv <= BQ.
+    for j in 0..nk {
+        let b = _mm256_set1_ps(*kb.add(j));
+        let row = st.add(j * BQ);
+        for v in 0..2 * nv {
+            let p = row.add(8 * v);
+            _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), b));
+        }
+    }
+}
+
+/// Online-softmax step for one score tile (`nk` keys × `16 * nv` queries, log2 domain), as
+/// `super::avx512::softmax_update`: updates the running maxima `m` and sums `l`, overwrites
+/// the tile with `2^(s - m_new)` and writes `alpha = 2^(m_old - m_new)`. Columns whose scores
+/// are all `-inf` so far keep `m = -inf`, `l = 0`, and get `p = 0`.
+///
+/// # Safety
+/// AVX2 and FMA available; `nv <= 4`; `st` readable and writable for `nk * BQ` floats; `m`,
+/// `l` and `alpha` for `16 * nv` floats each.
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn softmax_update(
-    st: &mut [f32],
+    st: *mut f32,
     nk: usize,
-    m: &mut [f32],
-    l: &mut [f32],
-    alpha: &mut [f32],
+    m: *mut f32,
+    l: *mut f32,
+    alpha: *mut f32,
     nv: usize,
 ) {
-    portable::softmax_update::<true>(st, nk, m, l, alpha, nv)
+    // SAFETY: the caller's contract, with 2 nv vectors of 8 queries.
+    match nv {
+        0 => {}
+        1 => softmax_nv::<2>(st, nk, m, l, alpha),
+        2 => softmax_nv::<4>(st, nk, m, l, alpha),
+        3 => softmax_nv::<6>(st, nk, m, l, alpha),
+        _ => softmax_nv::<8>(st, nk, m, l, alpha),
+    }
 }
 
+/// [`softmax_update`] for `V` vectors of 8 queries (`V = 2 · nv`).
+///
 /// # Safety
-/// The CPU supports AVX2 and FMA; the contract of [`portable::pv`].
+/// As [`softmax_update`] with `8 V <= BQ` queries.
+#[inline(always)]
+unsafe fn softmax_nv<const V: usize>(
+    st: *mut f32,
+    nk: usize,
+    m: *mut f32,
+    l: *mut f32,
+    alpha: *mut f32,
+) {
+    let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
+    // Every access below is `st[j * BQ + 8 v ..][..8]` with `j < nk`, `8 v + 8 <= 8 V <=
+    // BQ`, or `m`/`l`/`alpha[8 v ..][..8]`: the caller's contract.
+    let mut mx = [neg_inf; V];
+    for j in 0..nk {
+        let row = st.add(j * BQ);
+        for (v, mx) in mx.iter_mut().enumerate() {
+            *mx = _mm256_max_ps(*mx, _mm256_loadu_ps(row.add(8 * v)));
+        }
+    }
+    let mut m_use = [neg_inf; V];
+    let mut a = [neg_inf; V];
+    for v in 0..V {
+        let m_old = _mm256_loadu_ps(m.add(8 * v));
+        let m_new = _mm256_max_ps(m_old, mx[v]);
+        // Still -inf: subtract 0 instead, so that -inf - m stays -inf instead of NaN.
+        let dead = _mm256_cmp_ps::<_CMP_EQ_OQ>(m_new, neg_inf);
+        m_use[v] = _mm256_andnot_ps(dead, m_new);
+        a[v] = exp2_ps(_mm256_sub_ps(m_old, m_use[v]));
+        _mm256_storeu_ps(m.add(8 * v), m_new);
+        _mm256_storeu_ps(alpha.add(8 * v), a[v]);
+    }
+    let mut sum = [_mm256_setzero_ps(); V];
+    for j in 0..nk {
+        let row = st.add(j * BQ);
+        for v in 0..V {
+            let p = row.add(8 * v);
+            let e = exp2_ps(_mm256_sub_ps(_mm256_loadu_ps(p), m_use[v]));
+            _mm256_storeu_ps(p, e);
+            sum[v] = _mm256_add_ps(sum[v], e);
+        }
+    }
+    for v in 0..V {
+        let l_old = _mm256_loadu_ps(l.add(8 * v));
+        _mm256_storeu_ps(l.add(8 * v), _mm256_fmadd_ps(l_old, a[v], sum[v]));
+    }
+}
+
+/// `o[i * os ..][:dv] = alpha[i] * o[i * os ..][:dv] + Σ_j st[j * BQ + i] * v[j * vs ..][:dv]`
+/// for rows `0..nq`, keys `0..nk`; with `first`, `o[i * os ..][:dv] = Σ_j ...` (the old rows
+/// are not read).
+///
+/// # Safety
+/// AVX2 and FMA available; `nq <= BQ`; `dv <= os` when `nq > 1`; `st` readable for `nk * BQ`
+/// floats; `v` for `(nk - 1) * vs + dv` floats (when `nk > 0`); rows `i < nq` of `o` (`dv`
+/// floats at `o + i * os`) readable and writable; `alpha` readable for `nq` floats.
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn pv(
-    st: &[f32],
+    st: *const f32,
     nk: usize,
-    v: &[f32],
+    v: *const f32,
     vs: usize,
     dv: usize,
     o: *mut f32,
     os: usize,
     nq: usize,
-    alpha: &[f32],
+    alpha: *const f32,
     first: bool,
 ) {
-    portable::pv::<true>(st, nk, v, vs, dv, o, os, nq, alpha, first)
+    let mut c0 = 0;
+    while c0 < dv {
+        let w = (dv - c0).min(16);
+        let last = w - 8 * ((w - 1) / 8); // 1..=8 lanes in the last vector
+        let mask = lanes8(last);
+        // SAFETY: columns c0 .. c0 + w of every row lie inside the rows the caller vouches
+        // for (c0 + w <= dv); `pv_cols` touches exactly those, the last vector masked to its
+        // `last` lanes when partial (masked-off lanes are neither read nor written).
+        let (vc, oc) = (v.add(c0), o.add(c0));
+        match (w > 8, last == 8) {
+            (true, true) => pv_cols::<2, false>(st, nk, vc, vs, os, oc, nq, alpha, mask, first),
+            (true, false) => pv_cols::<2, true>(st, nk, vc, vs, os, oc, nq, alpha, mask, first),
+            (false, true) => pv_cols::<1, false>(st, nk, vc, vs, os, oc, nq, alpha, mask, first),
+            (false, false) => pv_cols::<1, true>(st, nk, vc, vs, os, oc, nq, alpha, mask, first),
+        }
+        c0 += 16;
+    }
+}
+
+/// [`pv`] for the `8 * NV` columns (the last vector masked when `MASKED`) from `v` / `o`.
+///
+/// # Safety
+/// AVX2 and FMA available; `1 <= NV <= 2`; `nq <= BQ`; `st` readable for `nk * BQ` floats;
+/// `alpha` for `nq`; the columns named above of `v` rows `j < nk` (stride `vs`) readable and
+/// of `o` rows `i < nq` (stride `os`) readable and writable.
+#[inline(always)]
+unsafe fn pv_cols<const NV: usize, const MASKED: bool>(
+    st: *const f32,
+    nk: usize,
+    v: *const f32,
+    vs: usize,
+    os: usize,
+    o: *mut f32,
+    nq: usize,
+    alpha: *const f32,
+    mask: __m256i,
+    first: bool,
+) {
+    let mut i = 0;
+    while i + RP <= nq {
+        // SAFETY: rows i .. i + RP exist (i + RP <= nq).
+        pv_tile::<NV, RP, MASKED>(
+            st.add(i),
+            nk,
+            v,
+            vs,
+            os,
+            o.add(i * os),
+            alpha.add(i),
+            mask,
+            first,
+        );
+        i += RP;
+    }
+    if i == nq {
+        return;
+    }
+    // SAFETY: as in the loop, for the remaining nq - i < RP rows (i < nq).
+    let (si, oi, ai) = (st.add(i), o.add(i * os), alpha.add(i));
+    match nq - i {
+        1 => pv_tile::<NV, 1, MASKED>(si, nk, v, vs, os, oi, ai, mask, first),
+        2 => pv_tile::<NV, 2, MASKED>(si, nk, v, vs, os, oi, ai, mask, first),
+        3 => pv_tile::<NV, 3, MASKED>(si, nk, v, vs, os, oi, ai, mask, first),
+        4 => pv_tile::<NV, 4, MASKED>(si, nk, v, vs, os, oi, ai, mask, first),
+        5 => pv_tile::<NV, 5, MASKED>(si, nk, v, vs, os, oi, ai, mask, first),
+        _ => {}
+    }
+}
+
+/// `R` output rows × `8 * NV` columns.
+///
+/// # Safety
+/// AVX2 and FMA available; `st` readable at `j * BQ + r` for `j < nk`, `r < R`; `alpha` for
+/// `R` floats; the columns of [`pv_cols`] of `v` rows `j < nk` readable and of `o` rows `r < R`
+/// (stride `os`) readable and writable.
+#[inline(always)]
+unsafe fn pv_tile<const NV: usize, const R: usize, const MASKED: bool>(
+    st: *const f32,
+    nk: usize,
+    v: *const f32,
+    vs: usize,
+    os: usize,
+    o: *mut f32,
+    alpha: *const f32,
+    mask: __m256i,
+    first: bool,
+) {
+    let masked = |c: usize| MASKED && c + 1 == NV;
+    let mut acc = [[_mm256_setzero_ps(); NV]; R];
+    if !first {
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let a = _mm256_broadcast_ss(&*alpha.add(r));
+            for (c, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm256_mul_ps(load(masked(c), mask, o.add(r * os + 8 * c)), a);
+            }
+        }
+    }
+    for j in 0..nk {
+        let vr = v.add(j * vs);
+        let mut vv = [_mm256_setzero_ps(); NV];
+        for (c, vv) in vv.iter_mut().enumerate() {
+            *vv = load(masked(c), mask, vr.add(8 * c));
+        }
+        let sr = st.add(j * BQ);
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let p = _mm256_broadcast_ss(&*sr.add(r));
+            for c in 0..NV {
+                acc[c] = _mm256_fmadd_ps(p, vv[c], acc[c]);
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (c, a) in acc.iter().enumerate() {
+            store(masked(c), mask, o.add(r * os + 8 * c), *a);
+        }
+    }
+}
+
+/// Rows `r < rows` (`cols` elements at `src[r * ss ..]`) of f16 (`f16`, F16C `vcvtph2ps`) or
+/// bf16 (a 16-bit shift) bits as `f32` into `dst[r * cols ..]`, 8 at a time.
+///
+/// # Safety
+/// AVX2 and F16C available; `src` readable at `r * ss + c`, `dst` writable at `r * cols + c`,
+/// for `r < rows`, `c < cols`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn convert_rows(
+    src: *const u16,
+    ss: usize,
+    rows: usize,
+    cols: usize,
+    f16: bool,
+    dst: *mut f32,
+) {
+    for r in 0..rows {
+        let (s, d) = (src.add(r * ss), dst.add(r * cols));
+        let mut c = 0;
+        while c + 8 <= cols {
+            // SAFETY: elements c .. c + 8 <= cols of row r.
+            let h = _mm_loadu_si128(s.add(c).cast());
+            let f = if f16 {
+                _mm256_cvtph_ps(h)
+            } else {
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+            };
+            _mm256_storeu_ps(d.add(c), f);
+            c += 8;
+        }
+        while c < cols {
+            let x = *s.add(c);
+            *d.add(c) = if f16 {
+                half::f16::from_bits(x).to_f32()
+            } else {
+                f32::from_bits(u32::from(x) << 16)
+            };
+            c += 1;
+        }
+    }
+}
+
+/// `out[i]` = `src[i]` rounded to f16 (`f16`, F16C `vcvtps2ph`) or bf16, to nearest even, as
+/// `half::{f16, bf16}::from_f32` round (NaN stays NaN, quietened), for `i < n`.
+///
+/// # Safety
+/// AVX2 and F16C available; `src` readable and `out` writable for `n` elements.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn round_to_half(src: *const f32, n: usize, f16: bool, out: *mut u16) {
+    let mut i = 0;
+    if f16 {
+        while i + 8 <= n {
+            // SAFETY: elements i .. i + 8 <= n.
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.add(i)));
+            _mm_storeu_si128(out.add(i).cast(), h);
+            i += 8;
+        }
+    } else {
+        let round = |x: __m256| -> __m256i {
+            let b = _mm256_castps_si256(x);
+            // bits + 0x7fff + (bit 16), then the top half: round to nearest, ties to even.
+            let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(b), _mm256_set1_epi32(1));
+            let r = _mm256_srli_epi32::<16>(_mm256_add_epi32(
+                _mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)),
+                lsb,
+            ));
+            // NaN: the top half with the quiet bit set (`half::bf16::from_f32`'s rule).
+            let q = _mm256_or_si256(_mm256_srli_epi32::<16>(b), _mm256_set1_epi32(0x40));
+            let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
+            _mm256_blendv_epi8(r, q, nan)
+        };
+        while i + 16 <= n {
+            // SAFETY: elements i .. i + 16 <= n.
+            let a = round(_mm256_loadu_ps(src.add(i)));
+            let b = round(_mm256_loadu_ps(src.add(i + 8)));
+            // Values <= 0xffff: the unsigned saturating pack keeps them; it interleaves the
+            // 128-bit lanes, which the permutation puts back in order.
+            let p = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(a, b));
+            _mm256_storeu_si256(out.add(i).cast(), p);
+            i += 16;
+        }
+    }
+    while i < n {
+        let x = *src.add(i);
+        *out.add(i) = if f16 {
+            half::f16::from_f32(x).to_bits()
+        } else {
+            half::bf16::from_f32(x).to_bits()
+        };
+        i += 1;
+    }
 }

@@ -32,7 +32,7 @@ const MIN_CHUNK: usize = 512;
 /// `(B, Hkv, S, D)` and `v` `(B, Hkv, S, Dv)` (`Hkv` dividing `H`: grouped-query attention,
 /// K/V read in place), CPU tensors of one dtype (`f32`, `f16`, `bf16`); returns
 /// `(B, H, L, Dv)` in the input dtype. `mask` comes from `Mask::decompose`.
-/// With the knobs of `cfg` (`block_k`, `force_portable` and `half_dot` are honoured):
+/// With the knobs of `cfg` (`block_k`, `isa` and `half_dot` are honoured):
 /// `q` `(B, H, L, D)`, `k` `(B, Hkv, S, D)`, `v` `(B, Hkv, S, Dv)` → `(B, H, L, Dv)`.
 /// More than 256 queries take the plain tiled kernel.
 pub fn attention_with(
@@ -50,7 +50,7 @@ pub fn attention_with(
         candle::bail!("few-queries attention: block_k must be at least 1")
     }
     let prep = Prepared::new(q, k, v, mask, scale)?;
-    let isa = Isa::detect(cfg.force_portable);
+    let isa = Isa::at_most(cfg.isa);
     let kind = Kind::choose(prep.in_dtype, isa, cfg.half_dot);
     prep.run(isa, kind, |inp, out| run(isa, inp, out, cfg.block_k))
 }

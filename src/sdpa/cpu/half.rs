@@ -91,10 +91,23 @@ impl Kind {
     }
 }
 
-/// Whether AVX-512 conversion kernels may run under `isa` (AVX-512 BW/VL checked here).
+/// Which conversion kernels run under `isa`: AVX-512 (with BW/VL, checked here), AVX2 + F16C
+/// (also on AVX-512 without BW/VL), or none (plain loops).
 #[cfg(target_arch = "x86_64")]
-fn simd_convert(isa: Isa) -> bool {
-    isa == Isa::Avx512 && has_bw_vl()
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Convert {
+    Avx512,
+    Avx2,
+    Scalar,
+}
+
+#[cfg(target_arch = "x86_64")]
+fn simd_convert(isa: Isa) -> Convert {
+    match isa {
+        Isa::Avx512 if has_bw_vl() => Convert::Avx512,
+        Isa::Avx512 | Isa::Avx2 => Convert::Avx2,
+        Isa::Portable => Convert::Scalar,
+    }
 }
 
 /// One half-precision element (bits) as `f32`.
@@ -123,13 +136,28 @@ pub(crate) fn convert_rows(
     #[cfg(not(target_arch = "x86_64"))]
     let _ = isa;
     #[cfg(target_arch = "x86_64")]
-    if simd_convert(isa) {
+    match simd_convert(isa) {
         // SAFETY: AVX-512F (`Isa::Avx512`) and BW/VL (`simd_convert`) detected; the lengths
         // asserted above are `convert_rows`'s preconditions.
-        unsafe {
-            super::avx512_half::convert_rows(src.as_ptr(), ss, rows, cols, f16, dst.as_mut_ptr())
-        };
-        return;
+        Convert::Avx512 => {
+            return unsafe {
+                super::avx512_half::convert_rows(
+                    src.as_ptr(),
+                    ss,
+                    rows,
+                    cols,
+                    f16,
+                    dst.as_mut_ptr(),
+                )
+            }
+        }
+        // SAFETY: AVX2 and F16C detected (`Isa::Avx2` or `Isa::Avx512`); as above.
+        Convert::Avx2 => {
+            return unsafe {
+                super::avx2::convert_rows(src.as_ptr(), ss, rows, cols, f16, dst.as_mut_ptr())
+            }
+        }
+        Convert::Scalar => {}
     }
     for r in 0..rows {
         for (o, &x) in dst[r * cols..(r + 1) * cols]
@@ -147,13 +175,21 @@ pub(crate) fn convert_rows(
 pub(crate) fn round_to_half(isa: Isa, src: &[f32], f16: bool) -> Vec<u16> {
     let mut out = vec![0u16; src.len()];
     #[cfg(target_arch = "x86_64")]
-    if simd_convert(isa) {
+    match simd_convert(isa) {
         // SAFETY: AVX-512F (`Isa::Avx512`) and BW/VL (`simd_convert`) detected; `src` and
         // `out` hold `src.len()` elements each.
-        unsafe {
-            super::avx512_half::round_to_half(src.as_ptr(), src.len(), f16, out.as_mut_ptr())
-        };
-        return out;
+        Convert::Avx512 => {
+            unsafe {
+                super::avx512_half::round_to_half(src.as_ptr(), src.len(), f16, out.as_mut_ptr())
+            };
+            return out;
+        }
+        // SAFETY: AVX2 and F16C detected (`Isa::Avx2` or `Isa::Avx512`); as above.
+        Convert::Avx2 => {
+            unsafe { super::avx2::round_to_half(src.as_ptr(), src.len(), f16, out.as_mut_ptr()) };
+            return out;
+        }
+        Convert::Scalar => {}
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = isa;
@@ -302,7 +338,7 @@ mod tests {
 
     #[test]
     fn the_path_follows_the_dtype_the_cpu_and_the_config() {
-        let isa = Isa::detect(false);
+        let isa = Isa::get();
         assert_eq!(Kind::choose(DType::F32, isa, true), Kind::F32);
         assert_eq!(Kind::choose(DType::F16, isa, true), Kind::F16);
         assert_eq!(Kind::choose(DType::BF16, isa, false), Kind::Bf16);
@@ -337,7 +373,7 @@ mod tests {
             1.0 + 3.0 * 2f32.powi(-8),
         ]);
         for f16 in [false, true] {
-            for isa in [Isa::detect(false), Isa::Portable] {
+            for isa in crate::simd::isas() {
                 let got = round_to_half(isa, &xs, f16);
                 for (x, g) in xs.iter().zip(got) {
                     let want = if f16 {
@@ -358,7 +394,7 @@ mod tests {
 
     #[test]
     fn conversions_match_the_half_crate() {
-        let f: Vec<f32> = (0..37).map(|i| (i as f32 - 18.0) * 0.731).collect();
+        let f: Vec<f32> = (0..40).map(|i| (i as f32 - 18.0) * 0.731).collect();
         for f16 in [false, true] {
             let bits: Vec<u16> = f
                 .iter()
@@ -370,13 +406,16 @@ mod tests {
                     }
                 })
                 .collect();
-            for isa in [Isa::detect(false), Isa::Portable] {
-                // 3 rows of 11 at stride 12 (a ragged 16-lane tail).
-                let mut out = vec![f32::NAN; 33];
-                convert_rows(isa, &bits, 12, 3, 11, f16, &mut out);
-                for r in 0..3 {
-                    for c in 0..11 {
-                        assert_eq!(out[r * 11 + c], to_f32(bits[r * 12 + c], f16), "{isa:?}");
+            for isa in crate::simd::isas() {
+                // Rows of 11 at stride 12 (a ragged 16-lane tail), of 19 at stride 19.
+                for (rows, cols, ss) in [(3, 11, 12), (1, 37, 37), (2, 19, 19)] {
+                    let mut out = vec![f32::NAN; rows * cols];
+                    convert_rows(isa, &bits, ss, rows, cols, f16, &mut out);
+                    for r in 0..rows {
+                        for c in 0..cols {
+                            let want = to_f32(bits[r * ss + c], f16);
+                            assert_eq!(out[r * cols + c], want, "{isa:?}");
+                        }
                     }
                 }
             }

@@ -25,7 +25,11 @@ pub(super) fn transpose_queries(
         // preconditions of `avx512::transpose_queries`.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe { avx512::transpose_queries(q.as_ptr(), qs, nq, d, qt.as_mut_ptr()) },
-        _ => {
+        // SAFETY: avx2 and fma detected (see `Isa`); the lengths asserted above are the
+        // preconditions of `avx2::transpose_queries`.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::transpose_queries(q.as_ptr(), qs, nq, d, qt.as_mut_ptr()) },
+        Isa::Portable => {
             for i in 0..nq {
                 let qrow = &q[i * qs..i * qs + d];
                 for (col, &x) in qt.chunks_exact_mut(BQ).zip(qrow) {
@@ -63,9 +67,12 @@ pub(super) fn scores(
         Isa::Avx512 => unsafe {
             avx512::scores(qt.as_ptr(), d, k.as_ptr(), ks, nk, st.as_mut_ptr(), nv, c)
         },
-        // SAFETY: `Isa::Avx2` exists only after detecting avx2 and fma.
+        // SAFETY: `Isa::Avx2` exists only after detecting avx2 and fma; the asserts above are
+        // the length preconditions of `avx2::scores`.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { avx2::scores(qt, d, k, ks, nk, st, nv, c) },
+        Isa::Avx2 => unsafe {
+            avx2::scores(qt.as_ptr(), d, k.as_ptr(), ks, nk, st.as_mut_ptr(), nv, c)
+        },
         Isa::Portable => portable::scores::<false>(qt, d, k, ks, nk, st, nv, c),
     }
 }
@@ -76,7 +83,10 @@ pub(super) fn add_key_bias(isa: Isa, st: &mut [f32], nk: usize, kb: &[f32], nv: 
         // SAFETY: avx512f detected (see `Isa`); lengths asserted above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe { avx512::add_key_bias(st.as_mut_ptr(), nk, kb.as_ptr(), nv) },
-        _ => {
+        // SAFETY: avx2 detected (see `Isa`); lengths asserted above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::add_key_bias(st.as_mut_ptr(), nk, kb.as_ptr(), nv) },
+        Isa::Portable => {
             for (j, &b) in kb[..nk].iter().enumerate() {
                 st[j * BQ..j * BQ + 16 * nv]
                     .iter_mut()
@@ -116,9 +126,18 @@ pub(super) fn softmax_update(
                 nv,
             )
         },
-        // SAFETY: avx2 and fma detected (see `Isa`).
+        // SAFETY: avx2 and fma detected (see `Isa`); lengths asserted above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { avx2::softmax_update(st, nk, m, l, alpha, nv) },
+        Isa::Avx2 => unsafe {
+            avx2::softmax_update(
+                st.as_mut_ptr(),
+                nk,
+                m.as_mut_ptr(),
+                l.as_mut_ptr(),
+                alpha.as_mut_ptr(),
+                nv,
+            )
+        },
         Isa::Portable => portable::softmax_update::<false>(st, nk, m, l, alpha, nv),
     }
 }
@@ -163,9 +182,21 @@ pub(super) unsafe fn pv(
             alpha.as_ptr(),
             first,
         ),
-        // SAFETY: avx2 and fma detected (see `Isa`); the rows are the caller's contract.
+        // SAFETY: avx2 and fma detected (see `Isa`); lengths asserted above and the rows of
+        // `o` (the caller's contract) are the preconditions of `avx2::pv`.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => avx2::pv(st, nk, v, vs, dv, o, os, nq, alpha, first),
+        Isa::Avx2 => avx2::pv(
+            st.as_ptr(),
+            nk,
+            v.as_ptr(),
+            vs,
+            dv,
+            o,
+            os,
+            nq,
+            alpha.as_ptr(),
+            first,
+        ),
         // SAFETY: the rows are the caller's contract.
         Isa::Portable => portable::pv::<false>(st, nk, v, vs, dv, o, os, nq, alpha, first),
     }

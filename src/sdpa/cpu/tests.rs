@@ -53,8 +53,8 @@ fn values(n: usize, seed: f32) -> Vec<f32> {
 /// Runs both kernels (default instruction set and portable) with `block_k = 16` on
 /// `(1, 1, l, d)` × `(1, 1, s, d)` under an optional causal offset and key padding after
 /// `valid` keys, and compares them with [`reference`].
-/// The tiled and the decode kernel, each with its SIMD and its portable code (block_k 16),
-/// against `want` (the reference, flattened) at 1e-5 relative; `case` names the inputs.
+/// The tiled and the decode kernel at every instruction set this process can run (block_k
+/// 16), against `want` (the reference, flattened) at 1e-5 relative; `case` names the inputs.
 fn check_both_kernels(
     q: &Tensor,
     k: &Tensor,
@@ -64,10 +64,10 @@ fn check_both_kernels(
     want: &[f32],
     case: &str,
 ) {
-    for force_portable in [false, true] {
+    for isa in crate::simd::available_levels() {
         let cfg = TiledConfig {
             block_k: 16,
-            force_portable,
+            isa: Some(isa),
             blocks_per_task: None,
             half_dot: true,
         };
@@ -87,7 +87,7 @@ fn check_both_kernels(
             for (idx, (g, w)) in got.iter().zip(want).enumerate() {
                 assert!(
                     (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
-                    "{name} (portable {force_portable}) {case}: element {idx} is {g}, want {w}"
+                    "{name} ({isa}) {case}: element {idx} is {g}, want {w}"
                 );
             }
         }
@@ -281,10 +281,15 @@ fn half_kernels_match_the_reference() {
             };
             let want = reference_dv(&qv, &kv, &vv, &bias, (l, s, d, dv), scale);
             let vmax = vv.iter().fold(0f32, |m, x| m.max(x.abs()));
-            for (force_portable, half_dot) in [(false, true), (false, false), (true, true)] {
+            let levels = crate::simd::available_levels();
+            let runs = levels
+                .iter()
+                .map(|&l| (l, true))
+                .chain(levels.last().map(|&l| (l, false)));
+            for (isa, half_dot) in runs {
                 let cfg = TiledConfig {
                     block_k: 16,
-                    force_portable,
+                    isa: Some(isa),
                     blocks_per_task: None,
                     half_dot,
                 };
@@ -311,7 +316,7 @@ fn half_kernels_match_the_reference() {
                         let tol = u * w.abs() + u * vmax + 1e-5;
                         assert!(
                             (g - w).abs() <= tol,
-                            "{name} {dtype:?} (portable {force_portable}, dot {half_dot}) l {l} \
+                            "{name} {dtype:?} ({isa}, dot {half_dot}) l {l} \
                              s {s} d {d} dv {dv} causal {causal:?} valid {valid}: element \
                              {idx} is {g}, want {w}"
                         );

@@ -1,6 +1,8 @@
 //! The tile sizes and knobs the CPU attention kernels share: a leaf, so that the scheduling code and
 //! every micro-kernel read them from one place without importing each other.
 
+use crate::simd::IsaLevel;
+
 /// Queries per block (the width of the score tile; fixed by the micro-kernels).
 pub const BQ: usize = 64;
 
@@ -12,8 +14,11 @@ pub(crate) const DEFAULT_BLOCK_K: usize = 128;
 pub struct TiledConfig {
     /// Keys per block (`>= 1`); the score tile holds `block_k × 64` floats.
     pub block_k: usize,
-    /// Use the portable kernels even where AVX-512 or AVX2 is available (for testing).
-    pub force_portable: bool,
+    /// Run the kernels at most at this instruction set (tests and benchmarks run each level
+    /// the host supports: `testing::available_isas()`); `None` is the process's level
+    /// (the best the CPU has, lowered by `ATTN_CPU_ISA`). A level above that one runs at that
+    /// one.
+    pub isa: Option<IsaLevel>,
     /// Query blocks of [`BQ`] per task (1 to 4); `None` chooses from the shape and the thread
     /// count.
     pub blocks_per_task: Option<usize>,
@@ -26,7 +31,7 @@ impl Default for TiledConfig {
     fn default() -> Self {
         Self {
             block_k: DEFAULT_BLOCK_K,
-            force_portable: false,
+            isa: None,
             blocks_per_task: None,
             half_dot: true,
         }

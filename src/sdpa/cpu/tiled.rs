@@ -34,7 +34,7 @@ pub fn attention_with(
         Some(g @ 1..=4) => g,
         Some(g) => candle::bail!("tiled attention: blocks_per_task must be 1 to 4, got {g}"),
     };
-    let isa = Isa::detect(cfg.force_portable);
+    let isa = Isa::at_most(cfg.isa);
     let kind = Kind::choose(prep.in_dtype, isa, cfg.half_dot);
     prep.run(isa, kind, |inp, out| {
         run_tiled(isa, inp, out, cfg.block_k, g)

@@ -1,0 +1,87 @@
+//! Times the f32 `Projection` kernels alone, at the instruction set the process runs at
+//! (`ATTN_CPU_ISA` lowers it), against the machine's ceilings:
+//!
+//! * the packed GEMM on the shapes of `MultiHeadAttention(512, 8)` (`(N, 512) × (512, 1536)`,
+//!   the fused input projection, and `(N, 512) × (512, 512)`), GFLOP/s (compare with
+//!   `fma_peak`);
+//! * the in-place row kernel on an opus-mt output projection (`(m, 512) × (512, 58101)`, the
+//!   weight read where it lies, as a tied `lm_head` is), for m = 1, 8, 32, 96: GFLOP/s and the
+//!   weight's bytes per second (compare with `mem_bandwidth`).
+//!
+//! `cargo run --release --example projection_speed [N...]` (default N = 128 512 1024 4096);
+//! run it on rayon's pool threads the way `attn` does (it does: `ThreadPool::install`).
+
+use anyhow::Result;
+use candle::{Device, Module, Tensor};
+use candle_attention::Projection;
+use std::time::Instant;
+
+/// Median and minimum of `iters` calls of `f`, in ms, after `iters / 4` untimed ones.
+fn time(iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<(f64, f64)> {
+    for _ in 0..iters / 4 {
+        f()?;
+    }
+    let mut ms = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        f()?;
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok((ms[iters / 2], ms[0]))
+}
+
+fn main() -> Result<()> {
+    let rows: Vec<usize> = std::env::args()
+        .skip(1)
+        .map(|a| a.parse())
+        .collect::<Result<_, _>>()?;
+    let rows = if rows.is_empty() {
+        vec![128, 512, 1024, 4096]
+    } else {
+        rows
+    };
+    let pool = rayon::ThreadPoolBuilder::new().build()?;
+    println!(
+        "# {}; {} threads",
+        candle_attention::testing::describe_cpu(),
+        pool.current_num_threads()
+    );
+    pool.install(|| -> Result<()> {
+        for (k, n) in [(512, 1536), (512, 512)] {
+            let w = (Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu)? / (k as f64).sqrt())?;
+            let b = Tensor::randn(0f32, 0.1, n, &Device::Cpu)?;
+            let p = Projection::new(&w, Some(b))?;
+            for &m in &rows {
+                let x = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu)?;
+                let iters = (400 * 128 / m).clamp(10, 400);
+                let (med, min) = time(iters, || {
+                    p.forward(&x)?;
+                    Ok(())
+                })?;
+                let gflops = 2.0 * (m * n * k) as f64 / (med * 1e6);
+                println!(
+                    "gemm ({m}, {k}) x ({k}, {n}): median {med:.3} ms, min {min:.3} ms, {gflops:.1} GFLOP/s"
+                );
+            }
+        }
+        let (k, n) = (512, 58101);
+        let w = (Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu)? / (k as f64).sqrt())?;
+        let b = Tensor::randn(0f32, 0.1, n, &Device::Cpu)?;
+        let p = Projection::shared(&w, Some(b))?;
+        for m in [1usize, 8, 32, 96] {
+            let x = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu)?;
+            let (med, min) = time(30, || {
+                p.forward(&x)?;
+                Ok(())
+            })?;
+            let gflops = 2.0 * (m * n * k) as f64 / (med * 1e6);
+            let gbs = (n * k * 4) as f64 / (med * 1e6);
+            println!(
+                "rows ({m}, {k}) x ({k}, {n}) in place: median {med:.3} ms, min {min:.3} ms, \
+                 {gflops:.1} GFLOP/s, weight read at {gbs:.1} GB/s"
+            );
+        }
+        Ok(())
+    })
+}
