@@ -1,7 +1,7 @@
 //! AVX2 + FMA helpers shared by the micro-kernels of the tiled attention
 //! (`crate::sdpa::cpu::avx2`), of the projection (`crate::projection::avx2`) and by the row
 //! scans ([`super::rows`]): partial-vector loads and stores that never touch memory past a
-//! row's end, the vector `2^x` with [`super::EXP2_POLY`], an 8 × 8 transpose and the
+//! row's end, the vector `2^x` with [`super::scalar::EXP2_POLY`], an 8 × 8 transpose and the
 //! horizontal sums of 8 vectors at once.
 //!
 //! All are `unsafe` and `#[inline(always)]` into callers compiled with
@@ -55,14 +55,14 @@ pub(crate) unsafe fn store(masked: bool, mask: __m256i, p: *mut f32, a: __m256) 
 /// `2^x` for `x <= 0` (right up to `x < 127.5`; larger `x`, `+inf` included, give `2^127 ·
 /// 2^f`, finite: softmax only ever passes `x <= 0`): anything below -126 (including `-inf`)
 /// gives exactly `0`, NaN gives NaN.
-/// The polynomial of [`super::EXP2_POLY`] on `[-0.5, 0.5]` (relative error about 2e-7),
+/// The polynomial of [`super::scalar::EXP2_POLY`] on `[-0.5, 0.5]` (relative error about 2e-7),
 /// scaled by `2^n` built in the exponent bits; never a denormal, as the AVX-512 version.
 ///
 /// # Safety
 /// AVX2 and FMA available (registers only).
 #[inline(always)]
 pub(crate) unsafe fn exp2_ps(x: __m256) -> __m256 {
-    exp2_poly(x, super::EXP2_POLY)
+    exp2_poly(x, super::scalar::EXP2_POLY)
 }
 
 /// [`exp2_ps`] with the coefficients `c` (highest degree first) of a polynomial for `2^f`
@@ -117,7 +117,7 @@ pub(crate) unsafe fn exp_ps(x: __m256) -> __m256 {
     );
     let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
     let f = _mm256_add_ps(_mm256_sub_ps(t, n), err);
-    let c = super::EXP2_POLY;
+    let c = super::scalar::EXP2_POLY;
     let mut p = _mm256_set1_ps(c[0]);
     for &ci in &c[1..] {
         p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(ci));

@@ -65,10 +65,10 @@ pub(crate) unsafe fn store(masked: bool, tail: __mmask16, p: *mut f32, a: __m512
 /// AVX-512F available (it only computes on registers; no memory is touched).
 #[inline(always)]
 pub(crate) unsafe fn exp2_ps(x: __m512) -> __m512 {
-    exp2_poly(x, super::EXP2_POLY)
+    exp2_poly(x, super::scalar::EXP2_POLY)
 }
 
-/// [`exp2_ps`] with the degree-4 polynomial [`super::EXP2_POLY_BF16`] (relative error
+/// [`exp2_ps`] with the degree-4 polynomial [`super::scalar::EXP2_POLY_BF16`] (relative error
 /// 3.1e-6), for probabilities that are rounded to bf16 (relative error up to 2^-9) right
 /// after: two multiply-adds fewer per 16 values.
 ///
@@ -76,7 +76,7 @@ pub(crate) unsafe fn exp2_ps(x: __m512) -> __m512 {
 /// AVX-512F available (registers only).
 #[inline(always)]
 pub(crate) unsafe fn exp2_ps_bf16(x: __m512) -> __m512 {
-    exp2_poly(x, super::EXP2_POLY_BF16)
+    exp2_poly(x, super::scalar::EXP2_POLY_BF16)
 }
 
 /// `2^x` as [`exp2_ps`] describes, with `c` the coefficients (highest degree first) of the

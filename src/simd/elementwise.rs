@@ -20,7 +20,8 @@
 //!   8-lane partial sums, then `(x - mean) · rstd · weight + bias`; the same lane-array code
 //!   compiled for the baseline and for AVX2 + FMA.
 
-use super::{cpu_f32, Isa};
+use super::isa::Isa;
+use super::storage::cpu_f32;
 use candle::{DType, Tensor};
 use rayon::prelude::*;
 
@@ -214,7 +215,7 @@ fn layer_norm_row<const FMA: bool>(
         Some(b) => {
             let b = &b[..s.len()];
             for i in 0..s.len() {
-                o[i] = super::fma::<FMA>((s[i] - mean) * rstd, w[i], b[i]);
+                o[i] = super::scalar::fma::<FMA>((s[i] - mean) * rstd, w[i], b[i]);
             }
         }
         None => {

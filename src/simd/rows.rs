@@ -8,7 +8,7 @@
 //! relative error of about 2e-7; torch's vectorised `exp` differs from libm's in the last bits
 //! too) and the order of the sum.
 
-use super::Isa;
+use super::isa::Isa;
 
 /// `log_softmax` as torch computes it in `f32`: `(x - max) - ln Σ exp(x - max)`, in place.
 /// NaN is skipped by the maximum (as `f32::max` does); a row that is all `-inf` becomes NaN, as
@@ -41,12 +41,12 @@ fn log_softmax_portable(row: &mut [f32]) {
     let mut chunks = row.chunks_exact(L);
     for c in &mut chunks {
         for j in 0..L {
-            sums[j] += super::exp2::<false>((c[j] - max) * std::f32::consts::LOG2_E);
+            sums[j] += super::scalar::exp2::<false>((c[j] - max) * std::f32::consts::LOG2_E);
         }
     }
     let mut sum: f32 = sums.iter().sum();
     for &x in chunks.remainder() {
-        sum += super::exp2::<false>((x - max) * std::f32::consts::LOG2_E);
+        sum += super::scalar::exp2::<false>((x - max) * std::f32::consts::LOG2_E);
     }
     let log_sum = sum.ln();
     for x in row.iter_mut() {
