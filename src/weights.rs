@@ -3,7 +3,7 @@
 //! [`TensorFile`] memory-maps a `.safetensors` file (falling back to reading it where mapping
 //! is not possible), validates it with the `safetensors` crate (header length, offsets,
 //! sizes), loads any tensor on any device, including torch's `BOOL` tensors that candle's own
-//! loader refuses, and serves as a [`VarBuilder`] backend whose errors list the tensors that do
+//! loader refuses, and serves as a [`VarBuilder`](candle_nn::VarBuilder) backend whose errors list the tensors that do
 //! exist. Only the tensors asked for are copied out of the mapping, so loading a checkpoint
 //! takes its tensors' memory once, not the file's twice.
 //!
@@ -11,7 +11,7 @@
 //! with this crate's own unpickler, which refuses any global outside a torch state dict's and
 //! validates every tensor against its storage when the file opens (`weights/pth.rs`).
 //!
-//! Everywhere this crate takes a [`VarBuilder`], candle's own
+//! Everywhere this crate takes a [`VarBuilder`](candle_nn::VarBuilder), candle's own
 //! `VarBuilder::from_mmaped_safetensors` works as well (it cannot read `BOOL` tensors, which
 //! only masks and inputs use).
 //!

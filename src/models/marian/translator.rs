@@ -126,7 +126,7 @@ impl MarianTranslator {
         self.tokenizer.decode(&hypothesis.tokens, true)
     }
 
-    /// Translates `texts` in padded batches of [`BATCH_SIZE`]: one result per text, in order,
+    /// Translates `texts` in padded batches of 16: one result per text, in order,
     /// the best hypothesis's text. A text the model cannot take (too long, or whose
     /// translation fails) gets its own error without failing the others.
     pub fn translate<S: AsRef<str>>(
