@@ -49,7 +49,11 @@ pub mod projection {
     use super::*;
 
     /// `p.forward(x)` with the CPU kernels of at most `isa`.
-    pub fn forward(p: &crate::projection::Projection, x: &Tensor, isa: IsaLevel) -> candle::Result<Tensor> {
+    pub fn forward(
+        p: &crate::projection::Projection,
+        x: &Tensor,
+        isa: IsaLevel,
+    ) -> candle::Result<Tensor> {
         p.forward_at(x, crate::simd::Isa::at_most(Some(isa)))
     }
 }

@@ -128,14 +128,14 @@ pub(super) unsafe fn rows_block<const FMA: bool>(
     let x = &x[..m * k];
     let w = &w[..rows * k];
     let b = |r: usize| bias.map_or(0.0, |b| b[r]);
-    // SAFETY (every `put`): i < m, r < rows: the caller's contract.
+    // SAFETY: (every `put`) i < m, r < rows: the caller's contract.
     let put = |i: usize, r: usize, v: f32| unsafe { *y.add(i * ys + r) = v + b(r) };
     let mut r = 0;
     if m == 1 {
         while r + 4 <= rows {
             let s = dots::<FMA, 1, 4>(x, 0, w, r, k);
-            for bb in 0..4 {
-                put(0, r + bb, s[0][bb]);
+            for (bb, &v) in s[0].iter().enumerate() {
+                put(0, r + bb, v);
             }
             r += 4;
         }
@@ -144,9 +144,9 @@ pub(super) unsafe fn rows_block<const FMA: bool>(
             let mut i = 0;
             while i + 2 <= m {
                 let s = dots::<FMA, 2, 2>(x, i, w, r, k);
-                for a in 0..2 {
-                    for bb in 0..2 {
-                        put(i + a, r + bb, s[a][bb]);
+                for (a, row) in s.iter().enumerate() {
+                    for (bb, &v) in row.iter().enumerate() {
+                        put(i + a, r + bb, v);
                     }
                 }
                 i += 2;

@@ -20,13 +20,6 @@ const ROWS_PER_TASK: usize = 128;
 /// 21.9 vs 22.4, 96 rows 31.5 vs 30.9.
 const PACKED_MIN_ROWS: usize = 96;
 
-/// [`PACKED_MIN_ROWS`] for the kernels of `isa`.
-fn packed_min_rows(isa: Isa) -> usize {
-    match isa {
-        _ => PACKED_MIN_ROWS,
-    }
-}
-
 /// `y = x Wᵀ + b`: `x` `(m, k)` row-major, `w` `(n, k)` row-major, `bias` `(n)` → `(m, n)`.
 pub(crate) fn linear_nt(
     isa: Isa,
@@ -38,7 +31,7 @@ pub(crate) fn linear_nt(
     bias: Option<&[f32]>,
 ) -> Vec<f32> {
     assert!(x.len() >= m * k && w.len() >= n * k && bias.is_none_or(|b| b.len() >= n));
-    if m >= packed_min_rows(isa) && k > 0 {
+    if m >= PACKED_MIN_ROWS && k > 0 {
         return super::gemm::gemm_rows(isa, x, m, k, w, n, bias);
     }
     linear_nt_rows(isa, x, m, w, n, k, bias)

@@ -329,8 +329,8 @@ mod tests {
                 _mm256_storeu_ps(out.as_mut_ptr(), v);
                 store(n < 8, lanes8(n), dst.as_mut_ptr(), v);
             }
-            for i in 0..8 {
-                assert_eq!(out[i], if i < n { i as f32 + 1.0 } else { 0.0 });
+            for (i, &o) in out.iter().enumerate() {
+                assert_eq!(o, if i < n { i as f32 + 1.0 } else { 0.0 });
             }
             assert_eq!(dst, src);
         }

@@ -4,7 +4,7 @@
 /// A SIMD level, as a caller names it: what `ATTN_CPU_ISA` holds, what the kernels' per-call
 /// knobs (`TiledConfig::isa`, the hidden `testing` module) ask for. Ordered: `Portable <
 /// Avx2 < Avx512`. Asking is always safe: a level above what the CPU (or `ATTN_CPU_ISA`)
-/// allows runs at the best level that is allowed ([`Isa::at_most`]).
+/// allows runs at the best level that is allowed (`Isa::at_most`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum IsaLevel {
     /// Plain Rust, written so the compiler vectorises it for the target's baseline (SSE2 on

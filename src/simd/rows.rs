@@ -137,6 +137,7 @@ pub(crate) fn next_above_with(isa: Isa, row: &[f32], from: usize, threshold: f32
 /// [`next_above`], 8 values at a time: a chunk is looked into only when one of its lanes hits.
 fn next_above_portable(row: &[f32], from: usize, threshold: f32) -> Option<usize> {
     // Not less or equal: above the threshold, or NaN on either side (as the vector compares).
+    #[allow(clippy::neg_cmp_op_on_partial_ord)] // NaN must count as a hit
     let hit = |v: f32| !(v <= threshold);
     let rest = row.get(from..)?;
     let mut chunks = rest.chunks_exact(L);

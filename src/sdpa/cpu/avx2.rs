@@ -13,7 +13,7 @@
 //!   key element: 15 registers), the key rows read in place;
 //! * online softmax: a key row of the tile at a time, `2 · nv` vectors of 8 queries, the
 //!   running maxima and sums in registers, `2^x` by the polynomial of
-//!   [`crate::simd::EXP2_POLY`] ([`crate::simd::avx2::exp2_ps`]);
+//!   `simd::scalar::EXP2_POLY` ([`crate::simd::avx2::exp2_ps`]);
 //! * `P·V`: tiles of 6 queries × 16 value columns (12 accumulators, two value vectors, one
 //!   broadcast probability).
 

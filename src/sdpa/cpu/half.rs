@@ -137,9 +137,9 @@ pub(crate) fn convert_rows(
     let _ = isa;
     #[cfg(target_arch = "x86_64")]
     match simd_convert(isa) {
-        // SAFETY: AVX-512F (`Isa::Avx512`) and BW/VL (`simd_convert`) detected; the lengths
-        // asserted above are `convert_rows`'s preconditions.
         Convert::Avx512 => {
+            // SAFETY: AVX-512F (`Isa::Avx512`) and BW/VL (`simd_convert`) detected; the
+            // lengths asserted above are `convert_rows`'s preconditions.
             return unsafe {
                 super::avx512_half::convert_rows(
                     src.as_ptr(),
@@ -149,13 +149,13 @@ pub(crate) fn convert_rows(
                     f16,
                     dst.as_mut_ptr(),
                 )
-            }
+            };
         }
-        // SAFETY: AVX2 and F16C detected (`Isa::Avx2` or `Isa::Avx512`); as above.
         Convert::Avx2 => {
+            // SAFETY: AVX2 and F16C detected (`Isa::Avx2` or `Isa::Avx512`); as above.
             return unsafe {
                 super::avx2::convert_rows(src.as_ptr(), ss, rows, cols, f16, dst.as_mut_ptr())
-            }
+            };
         }
         Convert::Scalar => {}
     }
@@ -176,16 +176,16 @@ pub(crate) fn round_to_half(isa: Isa, src: &[f32], f16: bool) -> Vec<u16> {
     let mut out = vec![0u16; src.len()];
     #[cfg(target_arch = "x86_64")]
     match simd_convert(isa) {
-        // SAFETY: AVX-512F (`Isa::Avx512`) and BW/VL (`simd_convert`) detected; `src` and
-        // `out` hold `src.len()` elements each.
         Convert::Avx512 => {
+            // SAFETY: AVX-512F (`Isa::Avx512`) and BW/VL (`simd_convert`) detected; `src` and
+            // `out` hold `src.len()` elements each.
             unsafe {
                 super::avx512_half::round_to_half(src.as_ptr(), src.len(), f16, out.as_mut_ptr())
             };
             return out;
         }
-        // SAFETY: AVX2 and F16C detected (`Isa::Avx2` or `Isa::Avx512`); as above.
         Convert::Avx2 => {
+            // SAFETY: AVX2 and F16C detected (`Isa::Avx2` or `Isa::Avx512`); as above.
             unsafe { super::avx2::round_to_half(src.as_ptr(), src.len(), f16, out.as_mut_ptr()) };
             return out;
         }
