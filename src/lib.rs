@@ -51,6 +51,7 @@
 // Every `unsafe` block says why it is sound (issue 6); CI runs clippy with -D warnings.
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
+pub mod cpu;
 pub mod device;
 pub mod explain;
 pub mod generation;

@@ -12,8 +12,9 @@ use crate::pool::on_rayon_pool;
 use crate::{DTypeArg, DeviceArg};
 use anyhow::{bail, Result};
 use candle::{DType, Device, Tensor};
+use candle_attention::cpu::{active_level, describe_cpu};
+use candle_attention::testing::decompose;
 use candle_attention::testing::sdpa::{blocked, few_queries, naive, tiled};
-use candle_attention::testing::{active_isa, decompose, describe_cpu};
 use candle_attention::{
     scaled_dot_product_attention, AttentionShape, Mask, MultiHeadAttention,
     MultiHeadAttentionConfig, SdpaArgs,
@@ -338,7 +339,7 @@ pub fn attention(a: &AttentionBenchArgs) -> Result<()> {
                 "median_ms": median,
                 "min_ms": min,
                 "gflops": gflops,
-                "isa": active_isa().name(),
+                "isa": active_level().name(),
                 "cpu": describe_cpu(),
             });
             println!("{line}");
@@ -348,7 +349,7 @@ pub fn attention(a: &AttentionBenchArgs) -> Result<()> {
                 imp.name(),
                 if a.causal { " causal" } else { "" },
                 dtype_name(dtype),
-                active_isa()
+                active_level()
             );
         }
     }
@@ -438,7 +439,7 @@ pub fn mha(a: &MhaBenchArgs) -> Result<()> {
             "median_ms": median,
             "min_ms": min,
             "gflops": gflops,
-            "isa": active_isa().name(),
+            "isa": active_level().name(),
             "cpu": describe_cpu(),
         });
         println!("{line}");
@@ -447,7 +448,7 @@ pub fn mha(a: &MhaBenchArgs) -> Result<()> {
             "mha E={e} H={h} B={b} N={n}{} {} [{}]: median {median:.3} ms, min {min:.3} ms, {gflops:.1} GFLOP/s",
             if a.causal { " causal" } else { "" },
             dtype_name(dtype),
-            active_isa()
+            active_level()
         );
     }
     Ok(())

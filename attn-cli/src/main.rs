@@ -35,7 +35,7 @@ fn long_version() -> &'static str {
     let text = format!(
         "{}\n{}",
         env!("CARGO_PKG_VERSION"),
-        candle_attention::testing::describe_cpu()
+        candle_attention::cpu::describe_cpu()
     );
     Box::leak(text.into_boxed_str())
 }
