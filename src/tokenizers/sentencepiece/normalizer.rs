@@ -77,6 +77,16 @@ impl Normalizer {
         }
         if let Some(trie) = &self.trie {
             if let Some(&(value, len)) = trie.common_prefix_search(input.as_bytes()).last() {
+                // A rule's key is a whole UTF-8 string, so it ends where a character does; a
+                // trie that matches part of a character is corrupt (sentencepiece would go on
+                // from the middle of the character and emit invalid UTF-8).
+                if !input.is_char_boundary(len) {
+                    let c = input.chars().next().unwrap_or_default();
+                    return Err(Error::Msg(format!(
+                        "precompiled_charsmap: a rule matches {len} bytes, which ends inside the \
+                         character {c:?} (corrupt model)"
+                    )));
+                }
                 let start = value as usize;
                 let tail = self.replacements.get(start..).ok_or_else(|| {
                     Error::Msg(format!(
