@@ -154,7 +154,7 @@ impl Isa {
 }
 
 /// The levels the kernels can run at in this process, lowest first: every level up to
-/// [`Isa::get`] (so `ATTN_CPU_ISA=portable` leaves only `Portable`).
+/// the process's level (so `ATTN_CPU_ISA=portable` leaves only `Portable`).
 pub fn available_levels() -> Vec<IsaLevel> {
     let top = Isa::get().level();
     IsaLevel::ALL.into_iter().filter(|&l| l <= top).collect()
@@ -170,7 +170,7 @@ pub(crate) fn isas() -> Vec<Isa> {
         .collect()
 }
 
-/// The level the kernels run at in this process ([`Isa::get`]).
+/// The level the kernels run at in this process (decided once, see [`crate::cpu`]).
 pub fn active_level() -> IsaLevel {
     Isa::get().level()
 }
