@@ -72,33 +72,10 @@ import tempfile
 import time
 from pathlib import Path
 
-# The libraries read their instruction-set limits when they load: with --isa, set them and
-# re-execute before any import (the child sees CANDLE_ATTN_ISA_SET and does not loop).
-ISA_ENV = {
-    "portable": {"ATTN_CPU_ISA": "portable", "ATEN_CPU_CAPABILITY": "default",
-                 "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "CT2_FORCE_CPU_ISA": "GENERIC",
-                 "ONEDNN_MAX_CPU_ISA": "SSE41"},
-    "avx2": {"ATTN_CPU_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-             "CT2_FORCE_CPU_ISA": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
-    "avx512": {"ATTN_CPU_ISA": "avx512", "ATEN_CPU_CAPABILITY": "avx512",
-               "MKL_ENABLE_INSTRUCTIONS": "AVX512", "CT2_FORCE_CPU_ISA": "AVX512",
-               "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
-}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from isa_limits import ISA_ENV, reexec_with_isa_limits  # noqa: E402
 
-
-def _isa_from_argv(argv):
-    for i, arg in enumerate(argv):
-        if arg == "--isa" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--isa="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-_isa = _isa_from_argv(sys.argv[1:])
-if _isa in ISA_ENV and os.environ.get("CANDLE_ATTN_ISA_SET") != _isa:
-    os.execve(sys.executable, [sys.executable] + sys.argv,
-              dict(os.environ, CANDLE_ATTN_ISA_SET=_isa, **ISA_ENV[_isa]))
+reexec_with_isa_limits()
 
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402

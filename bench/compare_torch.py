@@ -39,28 +39,10 @@ import subprocess
 import sys
 import time
 
-# torch reads its instruction-set limits when it loads: with --isa, set them and re-execute
-# before the import (the child sees CANDLE_ATTN_ISA_SET and does not loop).
-TORCH_ISA_ENV = {
-    "portable": {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
-    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
-    "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "MKL_ENABLE_INSTRUCTIONS": "AVX512"},
-}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from isa_limits import ISA_ENV, reexec_with_isa_limits  # noqa: E402
 
-
-def _isa_from_argv(argv):
-    for i, arg in enumerate(argv):
-        if arg == "--isa" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--isa="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-_isa = _isa_from_argv(sys.argv[1:])
-if _isa in TORCH_ISA_ENV and os.environ.get("CANDLE_ATTN_ISA_SET") != _isa:
-    env = dict(os.environ, CANDLE_ATTN_ISA_SET=_isa, ATTN_CPU_ISA=_isa, **TORCH_ISA_ENV[_isa])
-    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+reexec_with_isa_limits()
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -147,7 +129,7 @@ def main():
                    help="path of the fma_peak example: measure the peak every round, add the ceiling column")
     p.add_argument("--peak-gflops", type=float, default=None,
                    help="a fixed peak GFLOP/s for the dtype on --threads threads instead of --fma-peak")
-    p.add_argument("--isa", choices=sorted(TORCH_ISA_ENV), default=None,
+    p.add_argument("--isa", choices=sorted(ISA_ENV), default=None,
                    help="limit both sides to this instruction-set level (see the module docs)")
     a = p.parse_args()
 
