@@ -35,7 +35,8 @@ What is timed (2 threads everywhere; wall and CPU seconds; the machine is shared
   `translate_iterable(tokens, max_batch_size=4096, batch_type="tokens", beam_size=B,
   max_decoding_length=128)` with `intra_threads=2`, SentencePiece tokenisation and decoding
   included in the time;
-* transformers 5.24: `pipeline("translation", batch_size=16)` with `num_beams=B,
+* transformers 5.24 (which removed the translation pipeline): what the pipeline did, padded
+  batches of 16 in input order through `generate()` with `num_beams=B,
   max_new_tokens=128`, on the first --hf-lines lines (it is slow; its throughput is per line).
 
 Reports lines/s and generated tokens/s per system, the ratios, and how often the systems'
@@ -181,8 +182,17 @@ def run_ct2(translator, sp, sents, beam):
 
 
 def run_hf(pipe, sents, beam):
+    """What transformers 4's translation pipeline did (transformers 5 removed it): padded
+    batches of 16 in input order, `generate()`, `batch_decode(skip_special_tokens=True)`."""
+    import torch
+    tok, model = pipe
     t, c = time.perf_counter(), time.process_time()
-    outs = [o["translation_text"] for o in pipe(sents, batch_size=16, num_beams=beam, max_new_tokens=128)]
+    outs = []
+    with torch.no_grad():
+        for i in range(0, len(sents), 16):
+            batch = tok(sents[i:i + 16], padding=True, truncation=True, return_tensors="pt")
+            gen = model.generate(**batch, num_beams=beam, max_new_tokens=128)
+            outs += tok.batch_decode(gen, skip_special_tokens=True)
     return time.perf_counter() - t, time.process_time() - c, outs
 
 
@@ -220,8 +230,11 @@ def main():
     translator = ctranslate2.Translator(str(ct2_convert(wd)), device="cpu", intra_threads=args.threads, inter_threads=1)
     pipe = None
     if not args.skip_hf:
-        from transformers import pipeline
-        pipe = pipeline("translation", model=str(wd / "model"), tokenizer=str(wd / "model"), device="cpu")
+        import torch
+        from transformers import MarianMTModel, MarianTokenizer
+        torch.set_num_threads(args.threads)
+        pipe = (MarianTokenizer.from_pretrained(str(wd / "model")),
+                MarianMTModel.from_pretrained(str(wd / "model")).eval())
     results = []
     for beam in [int(b) for b in args.beams.split(",")]:
         times = {k: [] for k in ("ours", "ours_input_order", "ct2")}
