@@ -44,7 +44,7 @@ fn main() -> Result<()> {
     let pool = rayon::ThreadPoolBuilder::new().build()?;
     println!(
         "# {}; {} threads",
-        candle_attention::testing::describe_cpu(),
+        candle_attention::cpu::describe_cpu(),
         pool.current_num_threads()
     );
     pool.install(|| -> Result<()> {

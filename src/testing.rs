@@ -18,31 +18,10 @@ use crate::mask::{AttentionShape, Mask};
 use candle::{Device, Tensor};
 
 pub use crate::mask::MaskParts;
-pub use crate::simd::{IsaLevel, ISA_ENV};
-
-/// The instruction-set levels the kernels can run at in this process, lowest first: every
-/// level up to the CPU's best, capped by `ATTN_CPU_ISA` (so `ATTN_CPU_ISA=portable` leaves
-/// `[Portable]`).
-pub fn available_isas() -> Vec<IsaLevel> {
-    crate::simd::available_levels()
-}
-
-/// The level the kernels run at when nothing else is asked for: the CPU's best, lowered by
-/// `ATTN_CPU_ISA`.
-pub fn active_isa() -> IsaLevel {
-    crate::simd::active_level()
-}
-
-/// The best level this CPU has, whatever `ATTN_CPU_ISA` says.
-pub fn cpu_isa() -> IsaLevel {
-    crate::simd::cpu_level()
-}
-
-/// One line on what the CPU offers the kernels and what runs, e.g. `cpu: avx2 (x86_64 avx2
-/// fma f16c; no avx512f ...); kernels: avx2`.
-pub fn describe_cpu() -> String {
-    crate::simd::describe_cpu()
-}
+// The instruction-set levels come from the public `cpu` module (one definition); the
+// property tests loop over `available_isas()`: every level up to the CPU's best, capped by
+// `ATTN_CPU_ISA`.
+pub use crate::cpu::{available_levels as available_isas, IsaLevel, ISA_ENV};
 
 /// [`crate::Projection`] at a chosen instruction set.
 pub mod projection {
