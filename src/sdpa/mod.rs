@@ -158,14 +158,18 @@ pub fn scaled_dot_product_attention(
             .any(|t| t.as_ref().is_some_and(|t| t.track_op()));
         if !mask_tracks {
             let output = if !uses_cpu_kernels(q.device(), q.dtype()) {
-                blocked::attention(q, k, v, &parts, scale)?
+                Some(blocked::attention(q, k, v, &parts, scale)?)
+            } else if portable_prefers_naive(crate::simd::Isa::get(), shape, q.dtype()) {
+                None
             } else {
-                cpu::attention(q, k, v, &parts, scale)?
+                Some(cpu::attention(q, k, v, &parts, scale)?)
             };
-            return Ok(AttentionOutput {
-                output,
-                weights: None,
-            });
+            if let Some(output) = output {
+                return Ok(AttentionOutput {
+                    output,
+                    weights: None,
+                });
+            }
         }
     }
     let bias = args.mask.to_bias(shape, q.device())?;
@@ -185,10 +189,32 @@ pub fn scaled_dot_product_attention(
 /// memory-efficient kernel (extra memory linear in `L` and `S`) rather than the naive path,
 /// which materialises the `(B, H, L, S)` scores: on every device and float dtype (the tiled
 /// CPU kernels or the blocked one) unless the weights are requested. Also needed: no dropout and
-/// no autograd.
+/// no autograd. (On a CPU without AVX2, `f32` shapes of at most 4 Mi scores `B·H·L·S` take the
+/// naive path, which is faster there; its extra memory is then bounded by 48 MiB.)
 pub fn uses_memory_efficient_kernel(device: &Device, dtype: DType, need_weights: bool) -> bool {
     let _ = (device, dtype);
     !need_weights
+}
+
+/// Scores `B·H·L·S` up to which `f32` attention at the portable level (no AVX2) takes the
+/// naive path: 4 Mi floats, whose three `(B, H, L, S)` buffers take 48 MiB at most.
+const PORTABLE_NAIVE_MAX_SCORES: usize = 1 << 22;
+
+/// True when `f32` CPU attention of `shape` at `isa` runs faster through candle's own ops (the naive
+/// path) than through the tiled kernel: at the portable level (a CPU without AVX2, or
+/// `ATTN_CPU_ISA=portable`) the tiled kernel's plain-Rust micro-kernels, vectorised for the
+/// baseline (SSE2 / NEON), lose to candle's matmul (the `gemm` crate detects its own
+/// instruction set) while the scores are small enough to stay in cache; past
+/// [`PORTABLE_NAIVE_MAX_SCORES`] the naive path's memory traffic and page faults make the
+/// tiled kernel faster, and its memory stays linear. (`bench/compare_torch.py --isa portable`
+/// and `attn bench attention --impl naive,tiled,auto` measure the crossover.)
+fn portable_prefers_naive(isa: crate::simd::Isa, shape: AttentionShape, dtype: DType) -> bool {
+    dtype == DType::F32
+        && isa == crate::simd::Isa::Portable
+        && [shape.batch, shape.heads, shape.q_len, shape.k_len]
+            .iter()
+            .try_fold(1usize, |acc, &x| acc.checked_mul(x))
+            .is_some_and(|n| n <= PORTABLE_NAIVE_MAX_SCORES)
 }
 
 /// True when inputs on `device` of `dtype` take the CPU kernels ([`cpu`]) rather than
@@ -203,4 +229,37 @@ pub fn naive_attention_bytes(shape: AttentionShape) -> u64 {
     [shape.batch, shape.heads, shape.q_len, shape.k_len, 12]
         .iter()
         .fold(1u64, |acc, &x| acc.saturating_mul(x as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simd::Isa;
+
+    fn shape(b: usize, h: usize, l: usize, s: usize) -> AttentionShape {
+        AttentionShape {
+            batch: b,
+            heads: h,
+            q_len: l,
+            k_len: s,
+        }
+    }
+
+    #[test]
+    fn only_small_f32_shapes_at_the_portable_level_take_the_naive_path() {
+        let small = shape(1, 8, 512, 512);
+        assert!(portable_prefers_naive(Isa::Portable, small, DType::F32));
+        // Past 4 Mi scores (N = 1024 at 8 heads), and for half inputs, the tiled kernel.
+        assert!(!portable_prefers_naive(
+            Isa::Portable,
+            shape(1, 8, 1024, 1024),
+            DType::F32
+        ));
+        assert!(!portable_prefers_naive(Isa::Portable, small, DType::BF16));
+        // Overflowing sizes are large, not small.
+        let huge = shape(usize::MAX, 2, 2, 2);
+        assert!(!portable_prefers_naive(Isa::Portable, huge, DType::F32));
+        #[cfg(target_arch = "x86_64")]
+        assert!(!portable_prefers_naive(Isa::Avx2, small, DType::F32));
+    }
 }

@@ -20,7 +20,7 @@
 #![allow(clippy::too_many_arguments)]
 
 use super::tile::BQ;
-use crate::simd::avx2::{exp2_ps, lanes8, load, store, transpose_8x8};
+use crate::simd::avx2::{exp2_ps, lanes8, load, store, sums_8, transpose_8x8};
 use core::arch::x86_64::*;
 
 /// Keys per micro-tile of the score kernel.
@@ -470,5 +470,67 @@ pub unsafe fn round_to_half(src: *const f32, n: usize, f16: bool, out: *mut u16)
             half::bf16::from_f32(x).to_bits()
         };
         i += 1;
+    }
+}
+
+/// Scores of `nk` keys against `nq` query rows read in place, times `c`, for query blocks of
+/// at most [`super::tile::FEW_QUERIES`] rows (decoding), as `super::avx512::scores_few`:
+/// `st[j * BQ + i] = c · Σ_d k[j * ks + d] * q[i * qs + d]` for `i < nq`, and `0` for
+/// `nq <= i < 16`. Eight keys at a time, one accumulator each, reduced together by
+/// [`sums_8`].
+///
+/// # Safety
+/// AVX2 and FMA available; `nq <= 16`; `q` readable at `i * qs + dd` for `i < nq`, `dd < d`;
+/// `k` readable for `(nk - 1) * ks + d` floats (when `nk > 0`); `st` writable for `nk * BQ`
+/// floats.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn scores_few(
+    q: *const f32,
+    qs: usize,
+    nq: usize,
+    d: usize,
+    k: *const f32,
+    ks: usize,
+    nk: usize,
+    st: *mut f32,
+    c: f32,
+) {
+    let tmask = lanes8(d % 8);
+    let mut j = 0;
+    while j < nk {
+        let keys = (nk - j).min(8);
+        // SAFETY: keys j .. j + keys < nk: rows of `k` and of `st` inside the contract; the
+        // lanes of the masked tail past `d` are neither read nor faulted on.
+        for r in 0..keys {
+            let row = st.add((j + r) * BQ);
+            _mm256_storeu_ps(row, _mm256_setzero_ps());
+            _mm256_storeu_ps(row.add(8), _mm256_setzero_ps());
+        }
+        for i in 0..nq {
+            let qi = q.add(i * qs);
+            let mut acc = [_mm256_setzero_ps(); 8];
+            // Key by key, each row read front to back (the rows of a cache lie one after
+            // the other: one sequential stream); a short last group repeats its last key in
+            // the unused accumulators, never stored.
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let kr = k.add((j + r.min(keys - 1)) * ks);
+                let mut c0 = 0;
+                while c0 < d {
+                    let masked = d - c0 < 8;
+                    let kv = load(masked, tmask, kr.add(c0));
+                    *acc = _mm256_fmadd_ps(kv, load(masked, tmask, qi.add(c0)), *acc);
+                    c0 += 8;
+                }
+            }
+            let mut sums = [0f32; 8];
+            _mm256_storeu_ps(
+                sums.as_mut_ptr(),
+                _mm256_mul_ps(sums_8(acc), _mm256_set1_ps(c)),
+            );
+            for (r, &s) in sums.iter().enumerate().take(keys) {
+                *st.add((j + r) * BQ + i) = s;
+            }
+        }
+        j += keys;
     }
 }

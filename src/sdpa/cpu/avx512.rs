@@ -15,7 +15,7 @@
 #![allow(clippy::too_many_arguments)]
 
 use super::tile::BQ;
-use crate::simd::avx512::{exp2_ps, lanes16, load, store, transpose_16x16};
+use crate::simd::avx512::{exp2_ps, lanes16, load, store, sums_16, transpose_16x16};
 use core::arch::x86_64::*;
 
 /// Keys per micro-tile of the score kernel.
@@ -433,6 +433,68 @@ unsafe fn pv_tile<const NV: usize, const R: usize, const FULL: bool>(
         for (c, a) in acc.iter().enumerate() {
             store(masked(c), tail, o.add(r * ostride + 16 * c), *a);
         }
+    }
+}
+
+/// Scores of `nk` keys against `nq` query rows read in place, times `c`, for query blocks of
+/// at most [`super::tile::FEW_QUERIES`] rows (decoding: one new token per sequence), where the
+/// block kernel [`scores`] would spend 16 query lanes on each row:
+/// `st[j * BQ + i] = c · Σ_d k[j * ks + d] * q[i * qs + d]` for `i < nq`, and `0` for
+/// `nq <= i < 16`. Sixteen keys at a time, one accumulator each over the head dimension,
+/// reduced together by [`sums_16`].
+///
+/// # Safety
+/// AVX-512F available; `nq <= 16`; `q` readable at `i * qs + dd` for `i < nq`, `dd < d`; `k`
+/// readable for `(nk - 1) * ks + d` floats (when `nk > 0`); `st` writable for `nk * BQ`
+/// floats.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn scores_few(
+    q: *const f32,
+    qs: usize,
+    nq: usize,
+    d: usize,
+    k: *const f32,
+    ks: usize,
+    nk: usize,
+    st: *mut f32,
+    c: f32,
+) {
+    let tail = d % 16;
+    let tmask = lanes16(tail);
+    let mut j = 0;
+    while j < nk {
+        let keys = (nk - j).min(16);
+        // SAFETY: keys j .. j + keys < nk: rows of `k` and of `st` inside the contract; the
+        // lanes of the masked tail past `d` are neither read nor faulted on.
+        for r in 0..keys {
+            _mm512_storeu_ps(st.add((j + r) * BQ), _mm512_setzero_ps());
+        }
+        for i in 0..nq {
+            let qi = q.add(i * qs);
+            let mut acc = [_mm512_setzero_ps(); 16];
+            // Key by key, each row read front to back (the rows of a cache lie one after
+            // the other: one sequential stream); a short last group repeats its last key in
+            // the unused accumulators, never stored.
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let kr = k.add((j + r.min(keys - 1)) * ks);
+                let mut c0 = 0;
+                while c0 < d {
+                    let masked = d - c0 < 16;
+                    let kv = load(masked, tmask, kr.add(c0));
+                    *acc = _mm512_fmadd_ps(kv, load(masked, tmask, qi.add(c0)), *acc);
+                    c0 += 16;
+                }
+            }
+            let mut sums = [0f32; 16];
+            _mm512_storeu_ps(
+                sums.as_mut_ptr(),
+                _mm512_mul_ps(sums_16(acc), _mm512_set1_ps(c)),
+            );
+            for (r, &s) in sums.iter().enumerate().take(keys) {
+                *st.add((j + r) * BQ + i) = s;
+            }
+        }
+        j += keys;
     }
 }
 

@@ -3,7 +3,7 @@
 //! `avx512`).
 
 use super::portable;
-use super::tile::BQ;
+use super::tile::{BQ, FEW_QUERIES};
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512};
 use crate::simd::Isa;
@@ -74,6 +74,60 @@ pub(super) fn scores(
             avx2::scores(qt.as_ptr(), d, k.as_ptr(), ks, nk, st.as_mut_ptr(), nv, c)
         },
         Isa::Portable => portable::scores::<false>(qt, d, k, ks, nk, st, nv, c),
+    }
+}
+
+/// Scores of `nk` keys against `nq <= FEW_QUERIES` query rows read in place (`q[i * qs ..]
+/// [..d]`), times `c`: `st[j * BQ + i]` for `i < nq`, and `0` for `nq <= i < 16`, what
+/// [`scores`] writes for a block of `nq` queries (up to the summation order).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn scores_few(
+    isa: Isa,
+    q: &[f32],
+    qs: usize,
+    nq: usize,
+    d: usize,
+    k: &[f32],
+    ks: usize,
+    nk: usize,
+    st: &mut [f32],
+    c: f32,
+) {
+    assert!((1..=FEW_QUERIES).contains(&nq) && q.len() >= (nq - 1) * qs + d);
+    assert!(st.len() >= nk * BQ && (nk == 0 || k.len() >= (nk - 1) * ks + d));
+    match isa {
+        // SAFETY: avx512f detected (see `Isa`); the asserts above are the length
+        // preconditions of `avx512::scores_few` (nq <= FEW_QUERIES <= 16).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe {
+            avx512::scores_few(
+                q.as_ptr(),
+                qs,
+                nq,
+                d,
+                k.as_ptr(),
+                ks,
+                nk,
+                st.as_mut_ptr(),
+                c,
+            )
+        },
+        // SAFETY: avx2 and fma detected (see `Isa`); as above for `avx2::scores_few`.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe {
+            avx2::scores_few(
+                q.as_ptr(),
+                qs,
+                nq,
+                d,
+                k.as_ptr(),
+                ks,
+                nk,
+                st.as_mut_ptr(),
+                c,
+            )
+        },
+        Isa::Portable => portable::scores_few::<false>(q, qs, nq, d, k, ks, nk, st, c),
     }
 }
 

@@ -212,3 +212,42 @@ unsafe fn pv_tile<const FMA: bool, const R: usize>(
         }
     }
 }
+
+/// Scores of `nk` keys against `nq` query rows read in place, times `c`, for query blocks of
+/// at most [`super::tile::FEW_QUERIES`] rows (decoding), as the AVX kernels' `scores_few`:
+/// `st[j * BQ + i] = c · Σ_d k[j * ks + d] * q[i * qs + d]` for `i < nq`, and `0` for
+/// `nq <= i < 16`; the head dimension in lane arrays of 8, the rest one by one.
+#[inline(always)]
+pub fn scores_few<const FMA: bool>(
+    q: &[f32],
+    qs: usize,
+    nq: usize,
+    d: usize,
+    k: &[f32],
+    ks: usize,
+    nk: usize,
+    st: &mut [f32],
+    c: f32,
+) {
+    let whole = d / L * L;
+    for (j, row) in st.chunks_exact_mut(BQ).take(nk).enumerate() {
+        let kr = &k[j * ks..j * ks + d];
+        row[..16].fill(0.0);
+        for (i, s) in row[..nq].iter_mut().enumerate() {
+            let qr = &q[i * qs..i * qs + d];
+            let mut acc = [0f32; L];
+            for (kc, qc) in kr[..whole].chunks_exact(L).zip(qr[..whole].chunks_exact(L)) {
+                for t in 0..L {
+                    acc[t] = fma::<FMA>(kc[t], qc[t], acc[t]);
+                }
+            }
+            // Pairwise, as the vector kernels reduce their lanes.
+            let mut sum =
+                ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+            for t in whole..d {
+                sum = fma::<FMA>(kr[t], qr[t], sum);
+            }
+            *s = sum * c;
+        }
+    }
+}

@@ -6,6 +6,12 @@ use crate::simd::IsaLevel;
 /// Queries per block (the width of the score tile; fixed by the micro-kernels).
 pub const BQ: usize = 64;
 
+/// Query blocks of at most this many rows take the row-wise score kernel (`scores_few`: the
+/// rows read in place, keys reduced over the head dimension) instead of the block kernel,
+/// which computes 16 query lanes per key whatever the block's size: the decoding shape, one
+/// new token per sequence and head.
+pub(crate) const FEW_QUERIES: usize = 4;
+
 /// Default number of keys per block.
 pub(crate) const DEFAULT_BLOCK_K: usize = 128;
 

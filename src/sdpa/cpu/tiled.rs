@@ -3,9 +3,9 @@
 //! few-queries kernel), with the per-head key/value copies that several tasks share.
 
 use super::half::{self, Kind};
-use super::kernels::{add_key_bias, pv, scores, softmax_update, transpose_queries};
+use super::kernels::{add_key_bias, pv, scores, scores_few, softmax_update, transpose_queries};
 use super::prepare::{Data, Dims, Inputs, OutBlock, OutRows, Prepared, Rows, Strided};
-use super::tile::{TiledConfig, BQ};
+use super::tile::{TiledConfig, BQ, FEW_QUERIES};
 use crate::mask::MaskParts;
 use crate::simd::{with_scratch, Isa};
 use candle::Tensor;
@@ -205,13 +205,16 @@ fn contiguous_rows<T: Copy + Default + Send + Sync>(
 }
 
 /// Per-query-block state inside a task: the transposed query block and the row statistics.
-struct SubBlock<'s> {
+struct SubBlock<'s, 'q> {
     i0: usize,
     nq: usize,
     nv: usize,
     kend: usize,
     /// Whether `P·V` has written the rows yet (until then they hold whatever was there).
     started: bool,
+    /// The block's `f32` query rows in place (stride `Q`'s row stride) when it has at most
+    /// [`FEW_QUERIES`] of them: the row-wise score kernel reads these, and `qt` is not filled.
+    rows: Option<&'q [f32]>,
     qt: &'s mut [f32],
     m: &'s mut [f32],
     l: &'s mut [f32],
@@ -274,7 +277,13 @@ pub(crate) unsafe fn query_group(
         let (l, r) = r.split_at_mut(BQ);
         let (alpha, r) = r.split_at_mut(BQ);
         rest = r;
-        load_queries(isa, kind, q.from(si0 * qsr), qsr, nq, d, qt, tile);
+        let rows = match q {
+            Data::F32(q) if nq <= FEW_QUERIES => Some(&q[si0 * qsr..]),
+            _ => None,
+        };
+        if rows.is_none() {
+            load_queries(isa, kind, q.from(si0 * qsr), qsr, nq, d, qt, tile);
+        }
         m.fill(f32::NEG_INFINITY);
         l.fill(0.0);
         let kend = inp.key_limit(b, si0, nq).min(keys.end);
@@ -284,6 +293,7 @@ pub(crate) unsafe fn query_group(
             nv,
             kend,
             started: false,
+            rows,
             qt,
             m,
             l,
@@ -338,7 +348,10 @@ pub(crate) unsafe fn query_group(
             let (i0, nq, nv) = (sub.i0, sub.nq, sub.nv);
             let st = &mut st[..nk * BQ];
             match kv {
-                BlockKv::F32 { k, ks, .. } => scores(isa, sub.qt, d, k, ks, nk, st, nv, inp.qscale),
+                BlockKv::F32 { k, ks, .. } => match sub.rows {
+                    Some(q) => scores_few(isa, q, qsr, nq, d, k, ks, nk, st, inp.qscale),
+                    None => scores(isa, sub.qt, d, k, ks, nk, st, nv, inp.qscale),
+                },
                 #[cfg(target_arch = "x86_64")]
                 BlockKv::Dot { k, ks, .. } => {
                     half::dot::scores(kind, sub.qt, d, k, ks, nk, st, nv, inp.qscale)
