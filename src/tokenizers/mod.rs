@@ -2,7 +2,7 @@
 //! `sentencepiece` 0.2 tokenize (no Python, no `tokenizer.json` needed):
 //!
 //! * [`SentencePieceModel`] ([`sentencepiece`]): the protobuf model file, the normaliser, the
-//!   unigram segmenter and the decoder;
+//!   unigram and BPE segmenters and the decoder;
 //! * the family tokenizers on top of it: [`MarianTokenizer`] (opus-mt);
 //! * what they share: the directory's JSON files (`vocab.json`, `tokenizer_config.json`,
 //!   `special_tokens_map.json`: [`TokenizerConfig`]) and the splitting of text on special
@@ -15,4 +15,4 @@ pub mod sentencepiece;
 
 pub use files::TokenizerConfig;
 pub use marian::{BatchEncoding, MarianTokenizer};
-pub use sentencepiece::{PieceType, SentencePieceModel};
+pub use sentencepiece::{PieceType, SentencePieceModel, SentencePieceType};

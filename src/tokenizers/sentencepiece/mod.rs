@@ -2,17 +2,21 @@
 //! [`SentencePieceModel`] (load, encode, decode, as `sentencepiece_processor.cc` and
 //! `model_interface.cc` do it), on the model file's protobuf ([`model_proto`]), its normaliser
 //! (`normalizer.rs`, driven by the model's own `precompiled_charsmap` through a double-array
-//! trie, `darts.rs`) and the unigram segmenter (`unigram.rs`).
+//! trie, `darts.rs`) and the two segmenters the model type selects: unigram (`unigram.rs`,
+//! Marian's and mBART-50's files) and BPE (`bpe.rs`, NLLB-200's and M2M100's).
 
+mod bpe;
 mod darts;
 pub mod model_proto;
 mod normalizer;
+mod trie;
 mod unigram;
 
 pub use model_proto::PieceType;
 
 pub(crate) use normalizer::SPACE_SYMBOL;
 
+use bpe::Bpe;
 use candle::{Error, Result};
 use model_proto::ModelProto;
 use normalizer::Normalizer;
@@ -23,9 +27,12 @@ use unigram::Unigram;
 /// What sentencepiece decodes `<unk>` to unless the model says otherwise.
 const DEFAULT_UNK_SURFACE: &str = " \u{2047} ";
 
-/// A sentencepiece unigram model (`.spm` / `.model` file), with sentencepiece's normaliser,
-/// Viterbi segmentation and decoder, giving exactly what the `sentencepiece` Python package
-/// gives.
+/// A sentencepiece model (`.spm` / `.model` file), with sentencepiece's normaliser, segmenter
+/// and decoder, giving exactly what the `sentencepiece` Python package gives. The file's
+/// `trainer_spec.model_type` chooses the segmenter, whatever the file is called: unigram
+/// (Viterbi over the pieces' log-probabilities; MarianMT's `source.spm`, mBART-50's
+/// `sentencepiece.bpe.model`) or BPE (merges by piece score; NLLB-200's and M2M100's
+/// `sentencepiece.bpe.model`). Word and char models are refused.
 ///
 /// ```
 /// use candle_attention::tokenizers::SentencePieceModel;
@@ -40,12 +47,28 @@ const DEFAULT_UNK_SURFACE: &str = " \u{2047} ";
 /// assert_eq!(sp.decode_ids(&ids)?, "I am a small frog.");
 /// # Ok(()) }
 /// ```
+///
+/// A BPE model loads and runs the same way:
+///
+/// ```
+/// use candle_attention::tokenizers::{SentencePieceModel, SentencePieceType};
+/// # fn main() -> candle::Result<()> {
+/// # let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/spm_bpe");
+/// // e.g. "nllb-200-distilled-600M/sentencepiece.bpe.model"
+/// let sp = SentencePieceModel::from_file(format!("{dir}/plain.model"))?;
+/// assert_eq!(sp.model_type(), SentencePieceType::Bpe);
+/// let pieces = sp.encode_pieces("Der Bär ist müde. السلام عليكم")?;
+/// assert_eq!(pieces, ["▁D", "er", "▁Bär", "▁ist", "▁müde", ".", "▁السلام", "▁عليكم"]);
+/// let ids = sp.encode_ids("Москва, спасибо!")?;
+/// assert_eq!(sp.decode_ids(&ids)?, "Москва, спасибо!");
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct SentencePieceModel {
     proto: ModelProto,
     normalizer: Normalizer,
     denormalizer: Option<Normalizer>,
-    unigram: Unigram,
+    segmenter: Segmenter,
     /// Control, unknown and byte pieces (looked up before the others, as `reserved_id_map_`).
     reserved: HashMap<String, u32>,
     unk_id: u32,
@@ -68,19 +91,7 @@ impl SentencePieceModel {
 
     /// Builds the model from a parsed `ModelProto`.
     pub fn from_proto(proto: ModelProto) -> Result<Self> {
-        if proto.trainer_spec.model_type != 1 {
-            let name = match proto.trainer_spec.model_type {
-                2 => "BPE",
-                3 => "word",
-                4 => "char",
-                _ => "unknown",
-            };
-            return Err(Error::Msg(format!(
-                "sentencepiece model type {} ({name}) is not supported: only unigram models \
-                 (as MarianMT uses) are",
-                proto.trainer_spec.model_type
-            )));
-        }
+        let model_type = SentencePieceType::from_proto(proto.trainer_spec.model_type)?;
         if proto.pieces.is_empty() {
             return Err(Error::Msg(
                 "sentencepiece model has no pieces (empty or not a sentencepiece file)".into(),
@@ -153,12 +164,15 @@ impl SentencePieceModel {
             }
             _ => None,
         };
-        let unigram = Unigram::new(&proto.pieces, unk_id);
+        let segmenter = match model_type {
+            SentencePieceType::Unigram => Segmenter::Unigram(Unigram::new(&proto.pieces, unk_id)),
+            SentencePieceType::Bpe => Segmenter::Bpe(Bpe::new(&proto.pieces, unk_id)),
+        };
         Ok(Self {
             proto,
             normalizer,
             denormalizer,
-            unigram,
+            segmenter,
             reserved,
             unk_id,
         })
@@ -167,6 +181,14 @@ impl SentencePieceModel {
     /// The parsed model file.
     pub fn proto(&self) -> &ModelProto {
         &self.proto
+    }
+
+    /// The segmentation algorithm (the file's `trainer_spec.model_type`).
+    pub fn model_type(&self) -> SentencePieceType {
+        match self.segmenter {
+            Segmenter::Unigram(_) => SentencePieceType::Unigram,
+            Segmenter::Bpe(_) => SentencePieceType::Bpe,
+        }
     }
 
     /// Number of pieces (`GetPieceSize`); ids are `0..piece_size()`.
@@ -194,7 +216,11 @@ impl SentencePieceModel {
         if let Some(&id) = self.reserved.get(piece) {
             return id;
         }
-        self.unigram.lookup(piece).unwrap_or(self.unk_id)
+        let id = match &self.segmenter {
+            Segmenter::Unigram(u) => u.lookup(piece),
+            Segmenter::Bpe(b) => b.lookup(piece),
+        };
+        id.unwrap_or(self.unk_id)
     }
 
     fn is(&self, id: u32, kind: PieceType) -> bool {
@@ -211,9 +237,13 @@ impl SentencePieceModel {
     /// `<0xXX>` byte pieces when the model has byte fallback.
     pub fn encode(&self, text: &str) -> Result<Vec<(String, u32)>> {
         let normalized = self.normalizer.normalize(text)?;
+        let segments = match &self.segmenter {
+            Segmenter::Unigram(u) => u.encode(&normalized),
+            Segmenter::Bpe(b) => b.encode(&normalized),
+        };
         let mut out: Vec<(String, u32)> = Vec::new();
         let mut is_prev_unk = false;
-        for (start, end, id) in self.unigram.encode(&normalized) {
+        for (start, end, id) in segments {
             let w = &normalized[start..end];
             let is_unk = id == self.unk_id;
             if is_unk && self.proto.trainer_spec.byte_fallback {
@@ -321,6 +351,39 @@ impl SentencePieceModel {
             None => text,
         }
     }
+}
+
+/// The segmentation algorithm of a sentencepiece model (`TrainerSpec.model_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SentencePieceType {
+    /// Unigram language model (type 1): Viterbi over the pieces' log-probabilities.
+    Unigram,
+    /// Byte-pair encoding (type 2): merges by piece score.
+    Bpe,
+}
+
+impl SentencePieceType {
+    /// The type of `model_type`; word (3), char (4) and unknown types are errors naming them.
+    fn from_proto(model_type: i32) -> Result<Self> {
+        let name = match model_type {
+            1 => return Ok(Self::Unigram),
+            2 => return Ok(Self::Bpe),
+            3 => "WORD",
+            4 => "CHAR",
+            _ => "not a model type sentencepiece knows",
+        };
+        Err(Error::Msg(format!(
+            "sentencepiece model type {model_type} ({name}) is not supported: only UNIGRAM (1) \
+             and BPE (2) models are"
+        )))
+    }
+}
+
+/// The segmenter of the model's type.
+#[derive(Debug, Clone)]
+enum Segmenter {
+    Unigram(Unigram),
+    Bpe(Bpe),
 }
 
 /// `<0xXX>`, as sentencepiece's `ByteToPiece`.

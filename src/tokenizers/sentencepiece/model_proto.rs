@@ -17,7 +17,8 @@ pub enum PieceType {
     Control,
     /// A user-defined symbol: matched verbatim in the input, before normalisation.
     UserDefined,
-    /// An unused piece: in the vocabulary but never produced.
+    /// An unused piece: in the vocabulary but not produced (unigram skips it; BPE merges
+    /// through it and splits it back, see `bpe.rs`).
     Unused,
     /// A byte piece `<0xXX>` (byte fallback).
     Byte,

@@ -9,70 +9,10 @@
 //! way sentencepiece does.
 
 use super::model_proto::{Piece, PieceType};
-use std::collections::HashMap;
+use super::trie::Trie;
 
 /// sentencepiece's penalty of an unknown character below the lowest piece score.
 const UNK_PENALTY: f32 = 10.0;
-
-/// A byte trie over the pieces the segmenter may produce (normal, user-defined, unused).
-#[derive(Debug, Clone, Default)]
-struct Trie {
-    nodes: Vec<TrieNode>,
-}
-
-#[derive(Debug, Clone, Default)]
-struct TrieNode {
-    children: HashMap<u8, u32>,
-    value: Option<u32>,
-}
-
-impl Trie {
-    fn new() -> Self {
-        Self {
-            nodes: vec![TrieNode::default()],
-        }
-    }
-
-    fn insert(&mut self, key: &[u8], value: u32) {
-        let mut node = 0usize;
-        for &b in key {
-            node = match self.nodes[node].children.get(&b) {
-                Some(&next) => next as usize,
-                None => {
-                    self.nodes.push(TrieNode::default());
-                    let next = self.nodes.len() - 1;
-                    self.nodes[node].children.insert(b, next as u32);
-                    next
-                }
-            };
-        }
-        self.nodes[node].value = Some(value);
-    }
-
-    /// The ids of all keys that prefix `key`, with their byte lengths, shortest first.
-    fn common_prefixes(&self, key: &[u8]) -> Vec<(u32, usize)> {
-        let mut out = Vec::new();
-        let mut node = 0usize;
-        for (i, b) in key.iter().enumerate() {
-            match self.nodes[node].children.get(b) {
-                Some(&next) => node = next as usize,
-                None => break,
-            }
-            if let Some(v) = self.nodes[node].value {
-                out.push((v, i + 1));
-            }
-        }
-        out
-    }
-
-    fn get(&self, key: &[u8]) -> Option<u32> {
-        let mut node = 0usize;
-        for b in key {
-            node = *self.nodes[node].children.get(b)? as usize;
-        }
-        self.nodes[node].value
-    }
-}
 
 /// The unigram language model of a sentencepiece model.
 #[derive(Debug, Clone)]
