@@ -54,7 +54,8 @@ impl Family {
     }
 
     /// The family of a model directory, from its `config.json`'s `model_type` (errors name the
-    /// file: missing, not JSON, no `model_type`, unsupported).
+    /// file: missing, not JSON, an unsupported `model_type`). A config without `model_type` is
+    /// MarianMT's (whose config reader accepts one; early opus-mt conversions have none).
     pub fn of_dir(dir: impl AsRef<Path>) -> candle::Result<Self> {
         let dir = dir.as_ref();
         if !dir.is_dir() {
@@ -76,10 +77,9 @@ impl Family {
         match value.get("model_type").and_then(|t| t.as_str()) {
             Some(t) => Self::from_model_type(t)
                 .map_err(|e| candle::Error::Msg(format!("{}: {e}", path.display()))),
-            None => candle::bail!(
-                "{} has no model_type: cannot tell which model family it is",
-                path.display()
-            ),
+            // MarianConfig reads a config without model_type (early opus-mt conversions), as
+            // this crate always has: such a directory stays a MarianMT one.
+            None => Ok(Family::Marian),
         }
     }
 
