@@ -307,3 +307,85 @@ fn a_missing_tensor_is_named() {
         "{err}"
     );
 }
+
+#[test]
+fn hub_style_configs_are_accepted() {
+    // The key sets of the hub's config.json files (nllb-200-distilled-600M, m2m100_418M,
+    // mbart-large-50-many-to-many-mmt), written from memory of those files: every key is one
+    // transformers acts on, or one it keeps without acting on at inference.
+    let nllb = r#"{"_name_or_path": "nllb", "activation_dropout": 0.0, "activation_function": "relu",
+        "architectures": ["M2M100ForConditionalGeneration"], "attention_dropout": 0.1,
+        "bos_token_id": 0, "d_model": 1024, "decoder_attention_heads": 16, "decoder_ffn_dim": 4096,
+        "decoder_layerdrop": 0, "decoder_layers": 12, "decoder_start_token_id": 2, "dropout": 0.1,
+        "encoder_attention_heads": 16, "encoder_ffn_dim": 4096, "encoder_layerdrop": 0,
+        "encoder_layers": 12, "eos_token_id": 2, "init_std": 0.02, "is_encoder_decoder": true,
+        "max_length": 200, "max_position_embeddings": 1024, "model_type": "m2m_100",
+        "num_hidden_layers": 12, "pad_token_id": 1, "scale_embedding": true,
+        "tokenizer_class": "NllbTokenizer", "torch_dtype": "float32",
+        "transformers_version": "4.21.0.dev0", "use_cache": true, "vocab_size": 256206}"#;
+    let cfg = FamilyConfig::from_json(nllb, &M2M100).unwrap();
+    assert_eq!((cfg.vocab_size, cfg.d_model), (256206, 1024));
+    let m2m = r#"{"activation_function": "relu", "architectures": ["M2M100ForConditionalGeneration"],
+        "d_model": 1024, "early_stopping": true, "gradient_checkpointing": false, "max_length": 200,
+        "model_type": "m2m_100", "num_beams": 5, "vocab_size": 128112}"#;
+    let cfg = FamilyConfig::from_json(m2m, &M2M100).unwrap();
+    assert_eq!(cfg.decoder_start_token_id, Some(2));
+    let mbart = r#"{"_name_or_path": "mbart", "_num_labels": 3, "activation_dropout": 0.0,
+        "activation_function": "gelu", "add_bias_logits": false, "add_final_layer_norm": true,
+        "architectures": ["MBartForConditionalGeneration"], "attention_dropout": 0.0,
+        "bos_token_id": 0, "classif_dropout": 0.0, "classifier_dropout": 0.0, "d_model": 1024,
+        "decoder_attention_heads": 16, "decoder_ffn_dim": 4096, "decoder_layerdrop": 0.0,
+        "decoder_layers": 12, "decoder_start_token_id": 2, "dropout": 0.1, "early_stopping": true,
+        "encoder_attention_heads": 16, "encoder_ffn_dim": 4096, "encoder_layerdrop": 0.0,
+        "encoder_layers": 12, "eos_token_id": 2, "forced_eos_token_id": 2,
+        "gradient_checkpointing": false, "id2label": {"0": "LABEL_0"}, "init_std": 0.02,
+        "is_encoder_decoder": true, "label2id": {"LABEL_0": 0}, "max_length": 200,
+        "max_position_embeddings": 1024, "model_type": "mbart", "normalize_before": true,
+        "normalize_embedding": true, "num_beams": 5, "num_hidden_layers": 12, "output_past": true,
+        "pad_token_id": 1, "scale_embedding": true, "static_position_embeddings": false,
+        "tokenizer_class": "MBart50Tokenizer", "transformers_version": "4.4.0.dev0",
+        "use_cache": true, "vocab_size": 250054}"#;
+    let cfg = FamilyConfig::from_json(mbart, &MBART).unwrap();
+    assert_eq!(
+        (cfg.vocab_size, cfg.activation_function.as_str()),
+        (250054, "gelu")
+    );
+}
+
+#[test]
+fn half_precision_weights_load_and_compute_in_f32() {
+    // The mBART fixture's weights stored as f16 (and bf16): loaded, upcast, and within the
+    // weights' rounding of transformers' f32 logits.
+    for (dtype, tol) in [(DType::F16, 2e-2), (DType::BF16, 2e-1)] {
+        let dir = edited_copy("mbart", |d| {
+            let file = TensorFile::open(d.join("model.safetensors")).unwrap();
+            let tensors: Vec<(String, Tensor)> = file
+                .names()
+                .into_iter()
+                .map(|n| {
+                    let t = file.load(n, &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
+                    (n.to_string(), t)
+                })
+                .collect();
+            drop(file);
+            let refs: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+            candle_attention::save_tensors(&refs, d.join("model.safetensors")).unwrap();
+        });
+        let model = Seq2SeqModel::from_dir(&dir, &Device::Cpu).unwrap();
+        let inputs = TensorFile::open(dir.join("inputs.safetensors")).unwrap();
+        let expected = TensorFile::open(dir.join("expected.safetensors")).unwrap();
+        let (logits, _) = model
+            .forward(
+                &ids(&inputs, "input_ids_right"),
+                &ids(&inputs, "attention_mask_right"),
+                &ids(&inputs, "decoder_input_ids"),
+            )
+            .unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(logits.dtype(), DType::F32);
+        let want = expected.load("logits_right", &Device::Cpu).unwrap();
+        let d = max_abs_diff(&logits, &want);
+        println!("{dtype:?} weights: logits within {d:.2e}");
+        assert!(d <= tol, "{dtype:?}: {d}");
+    }
+}

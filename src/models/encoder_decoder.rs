@@ -613,7 +613,15 @@ impl EncoderDecoderModel {
     /// Embeds `ids` (checked `U32`, `(B, T)`) of the encoder or the `decoder` with `start`
     /// tokens before them (the cache length): scaled token embeddings plus positions, then the
     /// embedding layer norm where the family has one, `(B, T, d_model)`.
-    fn embed(&self, decoder: bool, ids: &Tensor, start: usize) -> candle::Result<Tensor> {
+    /// `host_ids`, when given, are `ids` already on the host (row-major): M2M100's positions
+    /// are computed from them without reading the ids back from the device.
+    fn embed(
+        &self,
+        decoder: bool,
+        ids: &Tensor,
+        start: usize,
+        host_ids: Option<&[u32]>,
+    ) -> candle::Result<Tensor> {
         let table = if decoder {
             &self.decoder_embed
         } else {
@@ -625,7 +633,7 @@ impl EncoderDecoderModel {
         } else {
             x
         };
-        let x = x.broadcast_add(&self.position_embeddings(decoder, ids, start)?)?;
+        let x = x.broadcast_add(&self.position_embeddings(decoder, ids, start, host_ids)?)?;
         match &self.embedding_norms {
             Some((enc, dec)) => (if decoder { dec } else { enc }).forward(&x),
             None => Ok(x),
@@ -640,6 +648,7 @@ impl EncoderDecoderModel {
         decoder: bool,
         ids: &Tensor,
         start: usize,
+        host_ids: Option<&[u32]>,
     ) -> candle::Result<Tensor> {
         let table = if decoder {
             &self.decoder_positions
@@ -657,7 +666,10 @@ impl EncoderDecoderModel {
             }
             Positions::Learned { offset } => table.narrow(0, start + offset, t),
             Positions::M2M100Sinusoidal { padding_idx } => {
-                let host: Vec<u32> = ids.to_device(&Device::Cpu)?.flatten_all()?.to_vec1()?;
+                let host: Vec<u32> = match host_ids {
+                    Some(h) if h.len() == b * t => h.to_vec(),
+                    _ => ids.to_device(&Device::Cpu)?.flatten_all()?.to_vec1()?,
+                };
                 let position_ids: Vec<usize> = host
                     .chunks(t.max(1))
                     .flat_map(|row| m2m100_position_ids(row, padding_idx, start))
@@ -726,7 +738,7 @@ impl EncoderDecoderModel {
             self.spec.vocab_size,
             0,
         )?;
-        self.embed(false, &ids, 0)
+        self.embed(false, &ids, 0, None)
     }
 
     fn encode_with_padding(&self, input_ids: &Tensor, padding: &Tensor) -> candle::Result<Tensor> {
@@ -776,7 +788,7 @@ impl EncoderDecoderModel {
             )
         }
         let padding = attention_mask.to_device(self.device())?.eq(0f64)?;
-        Ok((self.embed(true, &ids, 0)?, padding))
+        Ok((self.embed(true, &ids, 0, None)?, padding))
     }
 
     /// Causal over the target, every target position visible (transformers' default
@@ -870,12 +882,18 @@ impl EncoderDecoderModel {
     pub fn step_logits(&self, state: &mut DecodeState, ids: &Tensor) -> candle::Result<Tensor> {
         let past = state.cache.len();
         let ids = self.checked_ids("decoder ids", ids, self.spec.target_vocab_size, past)?;
-        self.step_checked(state, &ids)
+        self.step_checked(state, &ids, None)
     }
 
     /// [`EncoderDecoderModel::step_logits`] for `ids` `(rows, T)` `U32` already checked against the
     /// vocabulary and the position table.
-    fn step_checked(&self, state: &mut DecodeState, ids: &Tensor) -> candle::Result<Tensor> {
+    /// `host_ids`: the same ids on the host, when the caller has them.
+    fn step_checked(
+        &self,
+        state: &mut DecodeState,
+        ids: &Tensor,
+        host_ids: Option<&[u32]>,
+    ) -> candle::Result<Tensor> {
         let past = state.cache.len();
         if ids.dim(0)? != state.rows() {
             candle::bail!(
@@ -884,7 +902,7 @@ impl EncoderDecoderModel {
                 state.rows()
             )
         }
-        let x = self.embed(true, ids, past)?;
+        let x = self.embed(true, ids, past, host_ids)?;
         let masks = DecoderMasks {
             tgt_mask: Mask::none(),
             memory_mask: Mask::none(),
@@ -1037,7 +1055,7 @@ impl StepDecoder for EncoderDecoderModel {
             )
         }
         let ids = Tensor::from_slice(tokens, (tokens.len(), 1), self.device())?;
-        let logits = self.step_checked(state, &ids)?.squeeze(1)?;
+        let logits = self.step_checked(state, &ids, Some(tokens))?.squeeze(1)?;
         log_softmax_rows(logits.to_dtype(DType::F32)?)
     }
 
