@@ -325,6 +325,13 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     }
     let (ids, shape) = on_rayon_pool(|| -> anyhow::Result<_> {
         let model = crate::pretrained::AnyModel::load(&args.model, &device)?;
+        if let crate::pretrained::AnyModel::Family(m) = &model {
+            // The family config's special ids where the directory has no
+            // generation_config.json (transformers builds it from the config object).
+            if !args.model.join("generation_config.json").is_file() {
+                m.config().fill_generation_ids(&mut cfg);
+            }
+        }
         let model = model.model();
         check_generation_limits(model, &cfg)?;
         let inputs = TensorFile::open(&args.inputs)?;

@@ -283,3 +283,58 @@ fn bad_directories_are_clear_errors() {
     ]);
     assert!(err.contains("id 160"), "{err}");
 }
+
+#[test]
+fn without_generation_config_the_family_defaults_apply() {
+    // No generation_config.json, and a config.json without the special ids: transformers builds
+    // the generation settings from M2M100Config (decoder start </s> = 2, eos 2, pad 1), so
+    // with the target language given the sequences are the fixture's.
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixtures().join("multilingual/m2m100_tied");
+    let d = tmp.path().join("bare");
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::copy(src.join("model.safetensors"), d.join("model.safetensors")).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    for key in [
+        "decoder_start_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "bos_token_id",
+    ] {
+        cfg.as_object_mut().unwrap().remove(key);
+    }
+    std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
+    let inputs = inputs_file(&src, "right", tmp.path());
+    let out = tmp.path().join("seq.safetensors");
+    for (case, beams) in [("greedy", "1"), ("beam4", "4")] {
+        ok(&[
+            "generate",
+            "--model",
+            d.to_str().unwrap(),
+            "--inputs",
+            inputs.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+            "--beams",
+            beams,
+            "--max-new-tokens",
+            "10",
+            "--forced-bos-token-id",
+            "121",
+        ]);
+        let got = TensorFile::open(&out)
+            .unwrap()
+            .load("sequences", &Device::Cpu)
+            .unwrap();
+        let want = TensorFile::open(src.join("expected.safetensors"))
+            .unwrap()
+            .load(&format!("sequences.{case}_right"), &Device::Cpu)
+            .unwrap();
+        assert_eq!(
+            got.to_vec2::<i64>().unwrap(),
+            want.to_vec2::<i64>().unwrap(),
+            "{case}"
+        );
+    }
+}

@@ -11,6 +11,7 @@
 //! themselves ([`crate::models::m2m100`], [`crate::models::mbart`]) are such definitions.
 
 use super::encoder_decoder::{EncoderDecoderSpec, Positions};
+use crate::generation::GenerationConfig;
 use crate::transformer::{Activation, LayerNaming, TransformerConfig};
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -330,6 +331,37 @@ impl FamilyConfig {
             .map_err(|e| json_err("config.json", e))?;
         cfg.validate(family)?;
         Ok(cfg)
+    }
+
+    /// The generation settings of a directory of this family, as transformers'
+    /// `from_pretrained` makes them: `generation_config.json` alone when the directory has one;
+    /// otherwise the generation keys of `config.json`, with the special ids this config holds
+    /// (`decoder_start_token_id`, `bos_token_id`, `eos_token_id`, `pad_token_id`,
+    /// `forced_eos_token_id`, the config class's defaults included: transformers builds the
+    /// generation config from the config object, so M2M100's decoder start `</s>` (2) applies
+    /// even when `config.json` does not write it).
+    pub fn generation_config(&self, dir: impl AsRef<Path>) -> candle::Result<GenerationConfig> {
+        let dir = dir.as_ref();
+        let mut generation = GenerationConfig::from_model_dir(dir)?;
+        if !dir.join("generation_config.json").is_file() {
+            self.fill_generation_ids(&mut generation);
+        }
+        Ok(generation)
+    }
+
+    /// Sets the special ids `g` lacks (`decoder_start_token_id`, `bos_token_id`,
+    /// `pad_token_id`, `eos_token_id`, `forced_eos_token_id`) from this config: what
+    /// transformers does with a directory without `generation_config.json`.
+    pub fn fill_generation_ids(&self, g: &mut GenerationConfig) {
+        g.decoder_start_token_id = g.decoder_start_token_id.or(self.decoder_start_token_id);
+        g.bos_token_id = g.bos_token_id.or(self.bos_token_id);
+        g.pad_token_id = g.pad_token_id.or(self.pad_token_id);
+        if g.eos_token_id.is_none() {
+            g.eos_token_id = self.eos_token_id.as_ref().map(TokenIds::to_vec);
+        }
+        if g.forced_eos_token_id.is_none() {
+            g.forced_eos_token_id = self.forced_eos_token_id.as_ref().map(TokenIds::to_vec);
+        }
     }
 
     /// The padding id (`pad_token_id`); an error when the config has none.
