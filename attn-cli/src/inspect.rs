@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 #[derive(clap::Args, Debug)]
 pub struct InspectArgs {
     /// A .safetensors file, a torch checkpoint (pytorch_model.bin, *.pt: a zip archive written
-    /// by torch.save), or a Hugging Face MarianMT directory.
+    /// by torch.save), or a Hugging Face model directory (MarianMT, M2M100 / NLLB-200, mBART).
     file: PathBuf,
     /// Print one JSON object instead of a table.
     #[arg(long)]
@@ -17,7 +17,7 @@ pub struct InspectArgs {
 
 pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     if args.file.is_dir() {
-        return crate::marian::inspect_dir(&args.file, args.json);
+        return crate::pretrained::inspect_dir(&args.file, args.json);
     }
     if is_torch_checkpoint(&args.file) {
         return inspect_pth(&args.file, args.json);

@@ -8,6 +8,7 @@ mod explain;
 mod inspect;
 mod marian;
 mod pool;
+mod pretrained;
 mod run_mha;
 mod run_transformer;
 mod train;
@@ -46,10 +47,11 @@ enum Command {
     #[command(subcommand)]
     Run(RunCommand),
     /// List the tensors of a safetensors file, the parameter count and the detected layout;
-    /// or describe a Hugging Face MarianMT directory.
+    /// or describe a Hugging Face model directory (MarianMT, M2M100 / NLLB-200, mBART).
     Inspect(inspect::InspectArgs),
-    /// Generate with a Hugging Face MarianMT directory on saved ids, as transformers'
-    /// generate() does (greedy or beam search; defaults from generation_config.json).
+    /// Generate with a Hugging Face MarianMT, M2M100 / NLLB-200 or mBART directory on saved
+    /// ids, as transformers' generate() does (greedy or beam search; defaults from
+    /// generation_config.json).
     Generate(marian::GenerateArgs),
     /// Time attention kernels, multi-head attention and decoding on random inputs.
     #[command(subcommand)]
@@ -81,6 +83,9 @@ enum RunCommand {
     Transformer(run_transformer::RunTransformerArgs),
     /// A Hugging Face MarianMT directory: logits and encoder states for saved ids.
     Marian(marian::RunMarianArgs),
+    /// Any supported Hugging Face encoder-decoder directory (MarianMT, M2M100 / NLLB-200,
+    /// mBART; detected from config.json's model_type): logits and encoder states for saved ids.
+    Seq2seq(pretrained::RunSeq2SeqArgs),
 }
 
 /// Where to compute.
@@ -160,6 +165,7 @@ fn main() -> ExitCode {
         Command::Run(RunCommand::Mha(args)) => run_mha::run(&args),
         Command::Run(RunCommand::Transformer(args)) => run_transformer::run(&args),
         Command::Run(RunCommand::Marian(args)) => marian::run(&args),
+        Command::Run(RunCommand::Seq2seq(args)) => pretrained::run(&args),
         Command::Generate(args) => marian::generate(&args),
         Command::Inspect(args) => inspect::run(&args),
         Command::Bench(BenchCommand::Attention(args)) => bench::attention(&args),

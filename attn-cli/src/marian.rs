@@ -5,6 +5,7 @@ use anyhow::Context;
 use candle::{DType, Device, Tensor};
 use candle_attention::generation::{generate_padded, GenerationConfig};
 use candle_attention::marian::MarianMTModel;
+use candle_attention::models::encoder_decoder::EncoderDecoderModel;
 use candle_attention::save_tensors;
 use candle_attention::TensorFile;
 use std::path::{Path, PathBuf};
@@ -221,7 +222,8 @@ pub fn inspect_dir(dir: &Path, json: bool) -> anyhow::Result<()> {
 
 #[derive(clap::Args, Debug)]
 pub struct GenerateArgs {
-    /// A MarianMT directory: config.json, optional generation_config.json, and
+    /// A Hugging Face encoder-decoder directory (config.json's model_type: marian, m2m_100 for
+    /// M2M100 and NLLB-200, or mbart): config.json, optional generation_config.json, and
     /// model.safetensors or pytorch_model.bin.
     #[arg(long)]
     model: PathBuf,
@@ -241,6 +243,10 @@ pub struct GenerateArgs {
     /// Fewest tokens to generate before EOS may come.
     #[arg(long)]
     min_new_tokens: Option<usize>,
+    /// The token forced first after the decoder start (the target language's id for NLLB,
+    /// M2M100, mBART-50); default: forced_bos_token_id of generation_config.json / config.json.
+    #[arg(long, value_name = "ID")]
+    forced_bos_token_id: Option<u32>,
     /// Where to compute: cpu, cuda or metal (the GPU ones need a build with that feature).
     #[arg(long, value_enum, default_value = "cpu")]
     device: crate::DeviceArg,
@@ -250,15 +256,23 @@ pub struct GenerateArgs {
 /// and an error at the end): more beams than the vocabulary has tokens, a `max_new_tokens`
 /// past the model's positions.
 pub fn check_generation_limits(
-    model: &MarianMTModel,
+    model: &EncoderDecoderModel,
     cfg: &GenerationConfig,
 ) -> anyhow::Result<()> {
     let (beams, _) = cfg.search_size()?;
-    let vocab = model.config().target_vocab_size();
+    let vocab = model.spec().target_vocab_size;
     if beams > vocab {
         anyhow::bail!("{beams} beams are more than the model's {vocab} tokens (--beam / --beams)")
     }
-    let positions = model.config().max_position_embeddings;
+    if let Some(id) = cfg.forced_bos_token_id {
+        if id as usize >= vocab {
+            anyhow::bail!(
+                "forced_bos_token_id {id} is outside the model's vocabulary of {vocab} tokens \
+                 (--forced-bos-token-id / generation_config.json)"
+            )
+        }
+    }
+    let positions = model.spec().max_position_embeddings;
     if let Some(n) = cfg.max_new_tokens {
         if n + 1 > positions {
             anyhow::bail!(
@@ -300,15 +314,26 @@ pub fn generation_config(
 
 pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     let device = args.device.device()?;
-    let cfg = generation_config(
+    let mut cfg = generation_config(
         &args.model,
         args.beams,
         args.max_new_tokens,
         args.min_new_tokens,
     )?;
+    if let Some(id) = args.forced_bos_token_id {
+        cfg.forced_bos_token_id = Some(id);
+    }
     let (ids, shape) = on_rayon_pool(|| -> anyhow::Result<_> {
-        let model = load_model(&args.model, &device)?;
-        check_generation_limits(&model, &cfg)?;
+        let model = crate::pretrained::AnyModel::load(&args.model, &device)?;
+        if let crate::pretrained::AnyModel::Family(m) = &model {
+            // The family config's special ids where the directory has no
+            // generation_config.json (transformers builds it from the config object).
+            if !args.model.join("generation_config.json").is_file() {
+                m.config().fill_generation_ids(&mut cfg);
+            }
+        }
+        let model = model.model();
+        check_generation_limits(model, &cfg)?;
         let inputs = TensorFile::open(&args.inputs)?;
         let input_ids = read_ids(&inputs, "input_ids", &device)?;
         let attention_mask = read_ids(&inputs, "attention_mask", &device)?;
@@ -318,7 +343,7 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
         let state = model
             .start(&input_ids, &attention_mask)
             .context("encoding the inputs")?;
-        generate_padded(&model, state, batch, &cfg).context("generating")
+        generate_padded(model, state, batch, &cfg).context("generating")
     })?;
     let ids: Vec<i64> = ids.into_iter().map(i64::from).collect();
     let sequences = Tensor::from_vec(ids, shape, &device)?;

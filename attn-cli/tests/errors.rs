@@ -453,6 +453,9 @@ fn every_computing_command_refuses_a_device_not_compiled_in() {
         vec![
             "run", "marian", "--model", d, "--inputs", out, "--output", out,
         ],
+        vec![
+            "run", "seq2seq", "--model", d, "--inputs", out, "--output", out,
+        ],
         vec!["bench", "attention", "--iters", "1"],
         vec!["bench", "mha", "--iters", "1"],
         vec!["bench", "decode", "--lengths", "2"],

@@ -21,6 +21,7 @@ use crate::generation::StepDecoder;
 use crate::mask::Mask;
 use crate::projection::Projection;
 use crate::simd::rows::log_softmax_in_place;
+use crate::transformer::norm::LayerNorm;
 use crate::transformer::{
     DecoderCache, DecoderMasks, EncoderMasks, ModelTrace, TransformerConfig, TransformerDecoder,
     TransformerEncoder,
@@ -36,6 +37,24 @@ pub enum Positions {
     /// features and `cos` of the odd-`j` ones in the second; position `t` of a sequence is row
     /// `t` (see [`marian_positions`]).
     MarianSinusoidal,
+    /// M2M100's (and NLLB-200's) fairseq sinusoidal table (not stored; see
+    /// [`m2m100_positions`]), indexed by position ids computed from the **token ids**: a token
+    /// at column `t` gets `padding_idx + (cache length) + (number of non-pad tokens in columns
+    /// 0..=t)`, a pad token gets `padding_idx` (the table's zero row). So each row of a padded
+    /// batch counts its own tokens, left padding included, and incremental decoding continues
+    /// from the cache length (transformers' `create_position_ids_from_input_ids`).
+    M2M100Sinusoidal {
+        /// `pad_token_id`: the id whose tokens take the zero row, and the offset of the
+        /// positions (the first token is at `padding_idx + 1`).
+        padding_idx: u32,
+    },
+    /// Learned positions, one table per stack (`{stack}.embed_positions.weight`,
+    /// `(max_position_embeddings + offset, d_model)`): position `t` of a sequence (counted from
+    /// the cache length, padding or not) is row `t + offset` (mBART, BART: offset 2).
+    Learned {
+        /// Rows skipped at the top of the table (2 for mBART).
+        offset: usize,
+    },
 }
 
 /// The shape of a BART-family encoder-decoder: what a family's `config.json` says, in the
@@ -63,6 +82,13 @@ pub struct EncoderDecoderSpec {
     pub shared_embeddings: bool,
     /// The output projection is the decoder's embedding table; otherwise `lm_head.weight`.
     pub tie_word_embeddings: bool,
+    /// Whether each stack normalises its embeddings (token + position) with a layer norm
+    /// before the first layer (`{stack}.layernorm_embedding`, mBART): required when `true`.
+    pub embedding_norm: bool,
+    /// Whether the output projection adds `final_logits_bias` (`(1, target_vocab)`, read when
+    /// stored, zeros otherwise: MarianMT, mBART). `false` for families without one (M2M100):
+    /// a stored one is not read, as transformers does not.
+    pub final_logits_bias: bool,
     /// Whether each stack ends with a layer norm (`{stack}.layer_norm`, the stacks' naming's
     /// [`crate::transformer::LayerNaming::stack_norm`]): required when `true`, refused when
     /// `false` (a file with them is another family).
@@ -89,6 +115,12 @@ pub struct WeightNames {
     pub lm_head: &'static str,
     /// The output bias (outside the model prefix; zeros when absent, as transformers' buffer).
     pub final_logits_bias: &'static str,
+    /// A stack's learned position table, relative to the stack
+    /// ([`Positions::Learned`]).
+    pub embed_positions: &'static str,
+    /// A stack's embedding layer norm, relative to the stack
+    /// ([`EncoderDecoderSpec::embedding_norm`]).
+    pub layernorm_embedding: &'static str,
 }
 
 impl WeightNames {
@@ -106,6 +138,8 @@ impl WeightNames {
         decoder: "decoder",
         lm_head: "lm_head.weight",
         final_logits_bias: "final_logits_bias",
+        embed_positions: "embed_positions.weight",
+        layernorm_embedding: "layernorm_embedding",
     };
 }
 
@@ -146,6 +180,71 @@ fn marian_position_rows(
     Tensor::from_vec(values, (len, dim), device)?.to_dtype(dtype)
 }
 
+/// M2M100's (fairseq's) sinusoidal table, `(num_positions, dim)`, exactly as transformers'
+/// `M2M100SinusoidalPositionalEmbedding.get_embedding` computes it in `f32`: with
+/// `half = dim / 2` and `w_j = exp(j · -(ln 10000 / (half - 1)))` (the factor rounded to `f32`,
+/// as torch multiplies an `f32` tensor by a Python float), row `p` holds `sin(p · w_j)` in
+/// columns `0..half` and `cos(p · w_j)` in `half..2·half` (the product `p · w_j` rounded to
+/// `f32` first), a zero column last when `dim` is odd, and row `padding_idx` is zeros.
+/// Needs `dim >= 4` (transformers divides by `half - 1`); smaller sizes are an error.
+pub fn m2m100_positions(
+    num_positions: usize,
+    dim: usize,
+    padding_idx: Option<usize>,
+    dtype: DType,
+    device: &Device,
+) -> candle::Result<Tensor> {
+    let ids: Vec<usize> = (0..num_positions).collect();
+    m2m100_position_rows(&ids, dim, padding_idx, dtype, device)
+}
+
+/// Rows `ids` of [`m2m100_positions`]' table, `(ids.len(), dim)`.
+fn m2m100_position_rows(
+    ids: &[usize],
+    dim: usize,
+    padding_idx: Option<usize>,
+    dtype: DType,
+    device: &Device,
+) -> candle::Result<Tensor> {
+    let half = dim / 2;
+    if half < 2 {
+        candle::bail!(
+            "M2M100 sinusoidal positions need d_model >= 4 (transformers divides by d_model / 2 - 1), got {dim}"
+        )
+    }
+    let factor = -((10000f64.ln() / (half - 1) as f64) as f32);
+    let freqs: Vec<f32> = (0..half).map(|j| (j as f32 * factor).exp()).collect();
+    let mut values = vec![0f32; ids.len() * dim];
+    for (&pos, row) in ids.iter().zip(values.chunks_exact_mut(dim)) {
+        if Some(pos) == padding_idx {
+            continue;
+        }
+        for (j, &w) in freqs.iter().enumerate() {
+            let angle = pos as f32 * w;
+            row[j] = angle.sin();
+            row[half + j] = angle.cos();
+        }
+    }
+    Tensor::from_vec(values, (ids.len(), dim), device)?.to_dtype(dtype)
+}
+
+/// The position ids M2M100 gives `ids` (one row of a batch) when `past` tokens are cached:
+/// `padding_idx` for a pad, else `padding_idx + past + (non-pad tokens so far, this one
+/// included)` (transformers' `create_position_ids_from_input_ids`).
+pub fn m2m100_position_ids(ids: &[u32], padding_idx: u32, past: usize) -> Vec<usize> {
+    let mut count = 0usize;
+    ids.iter()
+        .map(|&id| {
+            if id == padding_idx {
+                padding_idx as usize
+            } else {
+                count += 1;
+                padding_idx as usize + past + count
+            }
+        })
+        .collect()
+}
+
 /// Positions whose rows are computed once when the model is built; rows past them (a
 /// `max_position_embeddings` larger than any input seen) are computed for the positions a call
 /// uses. A config's position count is only a promise: building its whole table would let a
@@ -162,9 +261,15 @@ pub struct EncoderDecoderModel {
     encoder_embed: EmbeddingTable,
     /// `(target_vocab, d_model)`; the same table as `encoder_embed` when shared.
     decoder_embed: EmbeddingTable,
-    /// The first `min(max_position_embeddings, 4096)` rows of the position table,
-    /// `(rows, d_model)`.
-    positions: Tensor,
+    /// The encoder's position table, `(rows, d_model)`: for sinusoidal positions its first
+    /// rows (computed, at most 4096; later rows are computed when used), for learned ones the
+    /// stored table (`max_position_embeddings + offset` rows).
+    encoder_positions: Tensor,
+    /// The decoder's position table (the encoder's, for sinusoidal positions).
+    decoder_positions: Tensor,
+    /// The embedding layer norms (`layernorm_embedding`) of the encoder and the decoder, when
+    /// the family has them.
+    embedding_norms: Option<(LayerNorm, LayerNorm)>,
     encoder: TransformerEncoder,
     decoder: TransformerDecoder,
     /// `h · Eᵀ + final_logits_bias`, `(target_vocab)` outputs.
@@ -270,7 +375,9 @@ impl EncoderDecoderModel {
         };
         let vocab = spec.target_vocab_size;
         // transformers treats a missing bias as zeros (it is a buffer, not a parameter).
-        let bias = if weights.contains(names.final_logits_bias) {
+        let bias = if !spec.final_logits_bias {
+            None
+        } else if weights.contains(names.final_logits_bias) {
             let b = vb.get_unchecked(names.final_logits_bias)?;
             if b.elem_count() != vocab {
                 candle::bail!(
@@ -279,20 +386,20 @@ impl EncoderDecoderModel {
                     b.dims()
                 )
             }
-            b.flatten_all()?
+            Some(b.flatten_all()?)
         } else {
-            Tensor::zeros(vocab, dtype, device)?
+            Some(Tensor::zeros(vocab, dtype, device)?)
         };
         let lm_head = if spec.tie_word_embeddings {
             // Tied: the head reads the embedding table where it lies rather than packing a copy.
             match &decoder_embed {
-                EmbeddingTable::Mapped(m) => Projection::from_mapped(m.clone(), Some(bias))?,
-                EmbeddingTable::Owned(t) => Projection::shared(t, Some(bias))?,
+                EmbeddingTable::Mapped(m) => Projection::from_mapped(m.clone(), bias)?,
+                EmbeddingTable::Owned(t) => Projection::shared(t, bias)?,
             }
         } else {
             check_vocab(names.lm_head, vocab, "the target vocabulary size")?;
             let w = source.matrix((vocab, d), names.lm_head, candle_nn::Init::Const(0.0))?;
-            Projection::from_matrix(w, Some(bias))?
+            Projection::from_matrix(w, bias)?
         };
         // The final norms: required where the family has them, refused where it has none (a
         // file with them belongs to another family).
@@ -321,17 +428,62 @@ impl EncoderDecoderModel {
             &source.pp(name(names.decoder)),
             spec.final_norms,
         )?;
-        let positions = match spec.positions {
+        let (encoder_positions, decoder_positions) = match spec.positions {
             Positions::MarianSinusoidal => {
                 let rows = spec.max_position_embeddings.min(PRECOMPUTED_POSITIONS);
-                marian_positions(rows, d, dtype, device)?
+                let table = marian_positions(rows, d, dtype, device)?;
+                (table.clone(), table)
             }
+            Positions::M2M100Sinusoidal { padding_idx } => {
+                // Position ids reach padding_idx + max_position_embeddings.
+                let rows = (padding_idx as usize + 1)
+                    .saturating_add(spec.max_position_embeddings)
+                    .min(PRECOMPUTED_POSITIONS);
+                let table = m2m100_positions(rows, d, Some(padding_idx as usize), dtype, device)?;
+                (table.clone(), table)
+            }
+            Positions::Learned { offset } => {
+                let rows = spec.max_position_embeddings.saturating_add(offset);
+                let learned = |stack: &str| -> candle::Result<Tensor> {
+                    let tensor = format!("{}.{}", name(stack), names.embed_positions);
+                    match weights.shape_of(&tensor) {
+                        Some(shape) if shape == [rows, d] => vb.get((rows, d), &tensor),
+                        Some(shape) => candle::bail!(
+                            "'{tensor}' in {} has shape {shape:?}, expected ({rows}, {d}): \
+                             max_position_embeddings {} + offset {offset} rows of d_model {d}",
+                            weights.origin(),
+                            spec.max_position_embeddings
+                        ),
+                        None => Err(weights.not_found(&tensor)),
+                    }
+                };
+                (learned(names.encoder)?, learned(names.decoder)?)
+            }
+        };
+        let embedding_norms = if spec.embedding_norm {
+            let norm = |stack: &str| -> candle::Result<LayerNorm> {
+                let prefix = format!("{}.{}", name(stack), names.layernorm_embedding);
+                if !weights.contains(&format!("{prefix}.weight")) {
+                    return Err(weights.not_found(&format!("{prefix}.weight")));
+                }
+                LayerNorm::new(
+                    d,
+                    spec.encoder.layer_norm_eps,
+                    spec.encoder.bias,
+                    vb.pp(prefix),
+                )
+            };
+            Some((norm(names.encoder)?, norm(names.decoder)?))
+        } else {
+            None
         };
         Ok(Self {
             spec,
             encoder_embed,
             decoder_embed,
-            positions,
+            encoder_positions,
+            decoder_positions,
+            embedding_norms,
             encoder,
             decoder,
             lm_head,
@@ -458,32 +610,86 @@ impl EncoderDecoderModel {
         ids.to_dtype(DType::U32)
     }
 
-    /// Embeds `ids` (checked `U32`, `(B, T)`) at positions `start..start + T`.
-    fn embed(&self, table: &EmbeddingTable, ids: &Tensor, start: usize) -> candle::Result<Tensor> {
-        let t = ids.dim(1)?;
+    /// Embeds `ids` (checked `U32`, `(B, T)`) of the encoder or the `decoder` with `start`
+    /// tokens before them (the cache length): scaled token embeddings plus positions, then the
+    /// embedding layer norm where the family has one, `(B, T, d_model)`.
+    /// `host_ids`, when given, are `ids` already on the host (row-major): M2M100's positions
+    /// are computed from them without reading the ids back from the device.
+    fn embed(
+        &self,
+        decoder: bool,
+        ids: &Tensor,
+        start: usize,
+        host_ids: Option<&[u32]>,
+    ) -> candle::Result<Tensor> {
+        let table = if decoder {
+            &self.decoder_embed
+        } else {
+            &self.encoder_embed
+        };
         let x = table.lookup(ids, self.spec.d_model)?;
         let x = if self.spec.embed_scale != 1.0 {
             (x * self.spec.embed_scale)?
         } else {
             x
         };
-        x.broadcast_add(&self.position_rows(start, t)?)
+        let x = x.broadcast_add(&self.position_embeddings(decoder, ids, start, host_ids)?)?;
+        match &self.embedding_norms {
+            Some((enc, dec)) => (if decoder { dec } else { enc }).forward(&x),
+            None => Ok(x),
+        }
     }
 
-    /// Position rows `start .. start + t` `(t, d_model)` (within `max_position_embeddings`,
-    /// which the callers have checked).
-    fn position_rows(&self, start: usize, t: usize) -> candle::Result<Tensor> {
-        if start + t <= self.positions.dim(0)? {
-            return self.positions.narrow(0, start, t);
-        }
+    /// The position embeddings of `ids` `(B, T)` after `start` cached tokens: `(T, d_model)`
+    /// when they do not depend on the ids, `(B, T, d_model)` when they do (M2M100). Positions
+    /// stay within `max_position_embeddings`, which the callers have checked.
+    fn position_embeddings(
+        &self,
+        decoder: bool,
+        ids: &Tensor,
+        start: usize,
+        host_ids: Option<&[u32]>,
+    ) -> candle::Result<Tensor> {
+        let table = if decoder {
+            &self.decoder_positions
+        } else {
+            &self.encoder_positions
+        };
+        let (b, t) = ids.dims2()?;
+        let rows = table.dim(0)?;
         match self.spec.positions {
-            Positions::MarianSinusoidal => marian_position_rows(
-                start,
-                t,
-                self.spec.d_model,
-                self.positions.dtype(),
-                self.positions.device(),
-            ),
+            Positions::MarianSinusoidal => {
+                if start + t <= rows {
+                    return table.narrow(0, start, t);
+                }
+                marian_position_rows(start, t, self.spec.d_model, table.dtype(), table.device())
+            }
+            Positions::Learned { offset } => table.narrow(0, start + offset, t),
+            Positions::M2M100Sinusoidal { padding_idx } => {
+                let host: Vec<u32> = match host_ids {
+                    Some(h) if h.len() == b * t => h.to_vec(),
+                    _ => ids.to_device(&Device::Cpu)?.flatten_all()?.to_vec1()?,
+                };
+                let position_ids: Vec<usize> = host
+                    .chunks(t.max(1))
+                    .flat_map(|row| m2m100_position_ids(row, padding_idx, start))
+                    .collect();
+                let d = self.spec.d_model;
+                let embedded = if position_ids.iter().all(|&p| p < rows) {
+                    let index: Vec<u32> = position_ids.iter().map(|&p| p as u32).collect();
+                    let index = Tensor::from_vec(index, b * t, table.device())?;
+                    table.index_select(&index, 0)?
+                } else {
+                    m2m100_position_rows(
+                        &position_ids,
+                        d,
+                        Some(padding_idx as usize),
+                        table.dtype(),
+                        table.device(),
+                    )?
+                };
+                embedded.reshape((b, t, d))
+            }
         }
     }
 
@@ -532,7 +738,7 @@ impl EncoderDecoderModel {
             self.spec.vocab_size,
             0,
         )?;
-        self.embed(&self.encoder_embed, &ids, 0)
+        self.embed(false, &ids, 0, None)
     }
 
     fn encode_with_padding(&self, input_ids: &Tensor, padding: &Tensor) -> candle::Result<Tensor> {
@@ -582,7 +788,7 @@ impl EncoderDecoderModel {
             )
         }
         let padding = attention_mask.to_device(self.device())?.eq(0f64)?;
-        Ok((self.embed(&self.decoder_embed, &ids, 0)?, padding))
+        Ok((self.embed(true, &ids, 0, None)?, padding))
     }
 
     /// Causal over the target, every target position visible (transformers' default
@@ -676,12 +882,18 @@ impl EncoderDecoderModel {
     pub fn step_logits(&self, state: &mut DecodeState, ids: &Tensor) -> candle::Result<Tensor> {
         let past = state.cache.len();
         let ids = self.checked_ids("decoder ids", ids, self.spec.target_vocab_size, past)?;
-        self.step_checked(state, &ids)
+        self.step_checked(state, &ids, None)
     }
 
     /// [`EncoderDecoderModel::step_logits`] for `ids` `(rows, T)` `U32` already checked against the
     /// vocabulary and the position table.
-    fn step_checked(&self, state: &mut DecodeState, ids: &Tensor) -> candle::Result<Tensor> {
+    /// `host_ids`: the same ids on the host, when the caller has them.
+    fn step_checked(
+        &self,
+        state: &mut DecodeState,
+        ids: &Tensor,
+        host_ids: Option<&[u32]>,
+    ) -> candle::Result<Tensor> {
         let past = state.cache.len();
         if ids.dim(0)? != state.rows() {
             candle::bail!(
@@ -690,7 +902,7 @@ impl EncoderDecoderModel {
                 state.rows()
             )
         }
-        let x = self.embed(&self.decoder_embed, ids, past)?;
+        let x = self.embed(true, ids, past, host_ids)?;
         let masks = DecoderMasks {
             tgt_mask: Mask::none(),
             memory_mask: Mask::none(),
@@ -843,7 +1055,7 @@ impl StepDecoder for EncoderDecoderModel {
             )
         }
         let ids = Tensor::from_slice(tokens, (tokens.len(), 1), self.device())?;
-        let logits = self.step_checked(state, &ids)?.squeeze(1)?;
+        let logits = self.step_checked(state, &ids, Some(tokens))?.squeeze(1)?;
         log_softmax_rows(logits.to_dtype(DType::F32)?)
     }
 

@@ -3,7 +3,10 @@
 //! * [`encoder_decoder`]: the BART-family encoder-decoder every family here is a configuration
 //!   of (embeddings, positions, the layers, the output projection, step-by-step decoding);
 //! * [`checkpoint`]: a directory's weights, `model.safetensors` or `pytorch_model.bin`;
-//! * the families: [`marian`] (MarianMT, opus-mt).
+//! * the families: [`marian`] (MarianMT, opus-mt; its own config type), and, on one shared
+//!   config reader ([`family_config`]), [`m2m100`] (M2M100 and NLLB-200 dense) and [`mbart`]
+//!   (mBART-50);
+//! * [`seq2seq`]: a directory's family by its `model_type`, and the M2M100 / mBART model.
 //!
 //! A family adds its `config.json` (turned into an
 //! [`EncoderDecoderSpec`](encoder_decoder::EncoderDecoderSpec)), its tensor names
@@ -12,4 +15,8 @@
 
 pub mod checkpoint;
 pub mod encoder_decoder;
+pub mod family_config;
+pub mod m2m100;
 pub mod marian;
+pub mod mbart;
+pub mod seq2seq;

@@ -262,6 +262,8 @@ impl MarianConfig {
             positions: Positions::MarianSinusoidal,
             shared_embeddings: self.share_encoder_decoder_embeddings,
             tie_word_embeddings: self.tie_word_embeddings,
+            embedding_norm: false,
+            final_logits_bias: true,
             final_norms: false,
             family: "MarianMT",
         })
