@@ -4,7 +4,7 @@
 //! (`normalizer.rs`, driven by the model's own `precompiled_charsmap` through a double-array
 //! trie, `darts.rs`) and the unigram segmenter (`unigram.rs`).
 
-mod darts;
+pub(crate) mod darts;
 pub mod model_proto;
 mod normalizer;
 mod unigram;
