@@ -178,6 +178,14 @@ fn mbart50_matches_transformers() {
     assert!(check_family(&tok, "mbart50") >= 60);
 }
 
+#[test]
+fn mbart50_cleans_up_tokenization_spaces_when_asked() {
+    let tok = MBart50Tokenizer::from_dir(fixtures().join("mbart50_cleanup")).unwrap();
+    assert!(check_family(&tok, "mbart50_cleanup") >= 60);
+    let ids = tok.encode("a , b .", "en_XX").unwrap();
+    assert_eq!(tok.decode(&ids, true).unwrap(), "a, b.");
+}
+
 /// M2M100 segments with the `sentencepiece` library's BPE, which `SentencePieceModel` gains on
 /// branch `bpe`; with that branch's segmenter this test passes (checked on a merged copy).
 #[test]

@@ -85,7 +85,8 @@ impl Precompiled {
 /// `tokenizers::models::BPE` with `fuse_unk=True`, no byte fallback, no dropout, no prefixes.
 #[derive(Debug, Clone)]
 pub struct HfBpe {
-    vocab: HashMap<String, u32>,
+    /// The ids of the one-character tokens (the only lookups `merge_word` makes).
+    chars: HashMap<char, u32>,
     /// `(left id, right id)` to `(rank, merged id)`.
     merges: HashMap<(u32, u32), (u32, u32)>,
     unk_id: u32,
@@ -97,7 +98,7 @@ impl HfBpe {
     /// halves are pieces too, ranked by the merged piece's sentencepiece id, then by the
     /// character lengths of `l` and `r`.
     pub fn from_spm_vocab(
-        vocab: HashMap<String, u32>,
+        vocab: &HashMap<String, u32>,
         spm_pieces: &[String],
         unk_token: &str,
     ) -> Result<Self> {
@@ -144,8 +145,18 @@ impl HfBpe {
                 "the unknown token {unk_token:?} is not in the vocabulary"
             ))
         })?;
+        let chars = vocab
+            .iter()
+            .filter_map(|(t, &id)| {
+                let mut it = t.chars();
+                match (it.next(), it.next()) {
+                    (Some(c), None) => Some((c, id)),
+                    _ => None,
+                }
+            })
+            .collect();
         Ok(Self {
-            vocab,
+            chars,
             merges,
             unk_id,
         })
@@ -155,8 +166,8 @@ impl HfBpe {
     pub fn encode_word(&self, word: &str) -> Vec<u32> {
         let mut symbols: Vec<u32> = Vec::new();
         let mut prev_unk = false;
-        for (i, c) in word.char_indices() {
-            match self.vocab.get(&word[i..i + c.len_utf8()]) {
+        for c in word.chars() {
+            match self.chars.get(&c) {
                 Some(&id) => {
                     symbols.push(id);
                     prev_unk = false;
@@ -189,9 +200,9 @@ impl HfBpe {
 /// `tokenizers::models::Unigram` (`encode_optimized`, unknowns fused, no byte fallback).
 #[derive(Debug, Clone)]
 pub struct HfUnigram {
-    /// Byte trie: node children and the vocabulary id ending at a node.
-    nodes: Vec<(HashMap<u8, u32>, Option<u32>)>,
     token_to_id: HashMap<String, u32>,
+    /// The longest token, in bytes (prefixes longer than it are not looked up).
+    max_len: usize,
     scores: Vec<f64>,
     unk_id: u32,
     min_score: f64,
@@ -203,33 +214,19 @@ const UNK_PENALTY: f64 = 10.0;
 impl HfUnigram {
     /// A unigram model over `(token, score)` entries (ids are positions).
     pub fn new(vocab: &[(String, f64)], unk_id: u32) -> Self {
+        // Python builds `token_to_ids` from the list: the last id of a duplicate wins.
         let mut token_to_id = HashMap::new();
         let mut min_score = f64::INFINITY;
-        let mut nodes: Vec<(HashMap<u8, u32>, Option<u32>)> = vec![(HashMap::new(), None)];
         for (id, (token, score)) in vocab.iter().enumerate() {
             token_to_id.insert(token.clone(), id as u32);
             if *score < min_score {
                 min_score = *score;
             }
-            let mut node = 0usize;
-            for &b in token.as_bytes() {
-                node = match nodes[node].0.get(&b) {
-                    Some(&n) => n as usize,
-                    None => {
-                        nodes.push((HashMap::new(), None));
-                        let n = nodes.len() - 1;
-                        nodes[node].0.insert(b, n as u32);
-                        n
-                    }
-                };
-            }
-            // Python builds `token_to_ids` from the list: the last id of a duplicate wins,
-            // and the trie holds the token once.
-            nodes[node].1 = Some(id as u32);
         }
+        let max_len = vocab.iter().map(|(t, _)| t.len()).max().unwrap_or(0);
         Self {
-            nodes,
             token_to_id,
+            max_len,
             scores: vocab.iter().map(|(_, s)| *s).collect(),
             unk_id,
             min_score,
@@ -254,35 +251,33 @@ impl HfUnigram {
             };
             size + 1
         ];
-        let bytes = word.as_bytes();
         let mut starts_at = 0;
         while starts_at < size {
             let here = best[starts_at].score;
             let mblen = word[starts_at..].chars().next().map_or(1, char::len_utf8);
             let mut has_single = false;
-            let mut node = 0usize;
-            for (k, b) in bytes[starts_at..].iter().enumerate() {
-                let Some(&next) = self.nodes[node].0.get(b) else {
+            // Every token that prefixes the rest, shortest first (the trie's order).
+            let rest = &word[starts_at..];
+            for (k, c) in rest.char_indices() {
+                let end = k + c.len_utf8();
+                if end > self.max_len {
                     break;
+                }
+                let Some(&id) = self.token_to_id.get(&rest[..end]) else {
+                    continue;
                 };
-                node = next as usize;
-                if let Some(token_id) = self.nodes[node].1 {
-                    let key_pos = starts_at + k + 1;
-                    let token = &word[starts_at..key_pos];
-                    let id = self.token_to_id[token];
-                    let candidate = self.scores[id as usize] + here;
-                    let target = &mut best[key_pos];
-                    if target.starts_at.is_none() || candidate > target.score {
-                        *target = Node {
-                            id,
-                            score: candidate,
-                            starts_at: Some(starts_at),
-                        };
-                    }
-                    let _ = token_id;
-                    if k + 1 == mblen {
-                        has_single = true;
-                    }
+                let key_pos = starts_at + end;
+                let candidate = self.scores[id as usize] + here;
+                let target = &mut best[key_pos];
+                if target.starts_at.is_none() || candidate > target.score {
+                    *target = Node {
+                        id,
+                        score: candidate,
+                        starts_at: Some(starts_at),
+                    };
+                }
+                if end == mblen {
+                    has_single = true;
                 }
             }
             if !has_single {
@@ -341,7 +336,7 @@ mod tests {
             .enumerate()
             .map(|(i, p)| (p.clone(), i as u32))
             .collect();
-        let bpe = HfBpe::from_spm_vocab(vocab, &spm, "<unk>").unwrap();
+        let bpe = HfBpe::from_spm_vocab(&vocab, &spm, "<unk>").unwrap();
         // "ab" (id 4) ranks before "bc" (id 5); then "abc" from (ab, c).
         assert_eq!(bpe.encode_word("abc"), [6]);
         assert_eq!(bpe.encode_word("bcx"), [5, 0]);

@@ -504,9 +504,32 @@ enum HfModel {
 struct AddedVocab {
     by_id: HashMap<u32, AddedTok>,
     by_content: HashMap<String, u32>,
-    /// (content, id, lstrip) of the tokens matched in the raw text / in the normalised text.
-    raw: Vec<(String, u32, bool)>,
-    normalized: Vec<(String, u32, bool)>,
+    /// The tokens matched in the raw text / in the normalised text.
+    raw: Matcher,
+    normalized: Matcher,
+}
+
+/// `(content, id, lstrip)` of added tokens, with the bytes they can start with.
+#[derive(Debug, Clone)]
+struct Matcher {
+    tokens: Vec<(String, u32, bool)>,
+    first_bytes: [bool; 256],
+}
+
+impl Default for Matcher {
+    fn default() -> Self {
+        Self {
+            tokens: Vec::new(),
+            first_bytes: [false; 256],
+        }
+    }
+}
+
+impl Matcher {
+    fn push(&mut self, entry: (String, u32, bool)) {
+        self.first_bytes[entry.0.as_bytes()[0] as usize] = true;
+        self.tokens.push(entry);
+    }
 }
 
 enum Chunk<'a> {
@@ -545,8 +568,8 @@ impl AddedVocab {
             self.by_content.insert(t.content.clone(), id);
             self.by_id.insert(id, t);
         }
-        self.raw.clear();
-        self.normalized.clear();
+        self.raw = Matcher::default();
+        self.normalized = Matcher::default();
         let mut ids: Vec<&u32> = self.by_id.keys().collect();
         ids.sort();
         for &id in ids {
@@ -562,13 +585,18 @@ impl AddedVocab {
 
     /// `find_matches`: leftmost-longest matches of `tokens` in `text`, `lstrip` eating the
     /// whitespace before a token (not before the previous match's end).
-    fn split<'a>(tokens: &[(String, u32, bool)], text: &'a str) -> Vec<Chunk<'a>> {
+    fn split<'a>(matcher: &Matcher, text: &'a str) -> Vec<Chunk<'a>> {
         let mut out = Vec::new();
         let mut start_offset = 0;
         let mut pos = 0;
         while pos < text.len() {
             let rest = &text[pos..];
-            let best = tokens
+            if !matcher.first_bytes[rest.as_bytes()[0] as usize] {
+                pos += rest.chars().next().map_or(1, char::len_utf8);
+                continue;
+            }
+            let best = matcher
+                .tokens
                 .iter()
                 .filter(|(c, _, _)| rest.starts_with(c.as_str()))
                 .max_by_key(|(c, _, _)| c.len());
@@ -869,7 +897,7 @@ impl NllbTokenizer {
                 vocab.push(p.clone());
             }
         }
-        let bpe = HfBpe::from_spm_vocab(vocab_map.clone(), &spm_pieces, &unk)?;
+        let bpe = HfBpe::from_spm_vocab(&vocab_map, &spm_pieces, &unk)?;
         let extra = match cfg.extra()? {
             Some(e) => e,
             None => {
