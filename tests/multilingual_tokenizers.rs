@@ -186,6 +186,19 @@ fn mbart50_cleans_up_tokenization_spaces_when_asked() {
     assert_eq!(tok.decode(&ids, true).unwrap(), "a, b.");
 }
 
+#[test]
+fn a_tokenizer_json_is_used_when_present() {
+    // As transformers: vocabulary, merges (NLLB) or scores (mBART-50) and the charsmap come
+    // from tokenizer.json; no sentencepiece file is needed. The fixture files are edited so
+    // that this shows (fewer merges and no normaliser; other unigram scores).
+    let dir = fixtures().join("nllb_tokjson");
+    assert!(!dir.join("sentencepiece.bpe.model").exists());
+    let tok = NllbTokenizer::from_dir(&dir).unwrap();
+    assert!(check_family(&tok, "nllb_tokjson") >= 60);
+    let tok = MBart50Tokenizer::from_dir(fixtures().join("mbart50_tokjson")).unwrap();
+    assert!(check_family(&tok, "mbart50_tokjson") >= 60);
+}
+
 /// M2M100 segments with the `sentencepiece` library's BPE, which `SentencePieceModel` gains on
 /// branch `bpe`; with that branch's segmenter this test passes (checked on a merged copy).
 #[test]

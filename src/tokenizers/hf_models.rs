@@ -128,8 +128,22 @@ impl HfBpe {
             }
         }
         ranked.sort_by_key(|&(id, ll, l, r)| (id, ll, r.chars().count(), l.len()));
-        let mut merges = HashMap::new();
-        for (rank, &(_, _, l, r)) in ranked.iter().enumerate() {
+        let merges: Vec<(String, String)> = ranked
+            .into_iter()
+            .map(|(_, _, l, r)| (l.to_string(), r.to_string()))
+            .collect();
+        Self::from_merges(vocab, &merges, unk_token)
+    }
+
+    /// A BPE model over `vocab` with `merges` ranked by their position (a later duplicate
+    /// wins, as the `tokenizers` builder's map does).
+    pub fn from_merges(
+        vocab: &HashMap<String, u32>,
+        merges: &[(String, String)],
+        unk_token: &str,
+    ) -> Result<Self> {
+        let mut map = HashMap::with_capacity(merges.len());
+        for (rank, (l, r)) in merges.iter().enumerate() {
             let get = |t: &str| {
                 vocab.get(t).copied().ok_or_else(|| {
                     Error::Msg(format!(
@@ -138,7 +152,7 @@ impl HfBpe {
                 })
             };
             let merged = format!("{l}{r}");
-            merges.insert((get(l)?, get(r)?), (rank as u32, get(&merged)?));
+            map.insert((get(l)?, get(r)?), (rank as u32, get(&merged)?));
         }
         let unk_id = *vocab.get(unk_token).ok_or_else(|| {
             Error::Msg(format!(
@@ -157,7 +171,7 @@ impl HfBpe {
             .collect();
         Ok(Self {
             chars,
-            merges,
+            merges: map,
             unk_id,
         })
     }

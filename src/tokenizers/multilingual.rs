@@ -15,6 +15,10 @@
 //!   it lacks), `__xx__` language tokens after it, `[src] pieces </s>`, decoding through
 //!   sentencepiece with special tokens written as they are and the result stripped.
 //!
+//! A `tokenizer.json` is not needed; when the directory has one, NLLB-200 and mBART-50 take
+//! the vocabulary, the merges (or unigram scores) and the charsmap from it, as transformers
+//! does (the normaliser, pre-tokenizer and decoder stay the class's own).
+//!
 //! All three implement [`MultilingualTokenizer`]; [`load_multilingual_tokenizer`] picks the
 //! family from `tokenizer_config.json`. Checked against transformers 5.24.0 on the fixtures of
 //! `tests/fixtures/make_multilingual_tokenizer_fixtures.py`.
@@ -274,6 +278,136 @@ fn read_proto(path: &Path) -> Result<ModelProto> {
         )));
     }
     Ok(proto)
+}
+
+/// The parts of a `tokenizer.json` transformers 5.24 takes when the directory has one (for
+/// classes with their own `__init__`, as these): the model's vocabulary and merges and the
+/// normaliser's precompiled charsmap. Its pre-tokenizer, decoder and added tokens are not used.
+#[derive(serde::Deserialize)]
+struct TokenizerJson {
+    model: TokenizerJsonModel,
+    #[serde(default)]
+    normalizer: Option<Value>,
+}
+
+#[derive(serde::Deserialize)]
+struct TokenizerJsonModel {
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    vocab: TokenizerJsonVocab,
+    #[serde(default)]
+    merges: Vec<TokenizerJsonMerge>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum TokenizerJsonVocab {
+    Map(HashMap<String, u32>),
+    Scored(Vec<(String, f64)>),
+    List(Vec<String>),
+}
+
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum TokenizerJsonMerge {
+    Joined(String),
+    Pair(String, String),
+}
+
+impl TokenizerJson {
+    fn read(path: &Path) -> Result<Option<Self>> {
+        if !path.is_file() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Msg(format!("cannot read {}: {e}", path.display())))?;
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| Error::Msg(format!("{}: not a tokenizer.json: {e}", path.display())))
+    }
+
+    /// The `Precompiled` normaliser's charsmap (alone or in a `Sequence`), decoded.
+    fn precompiled_charsmap(&self) -> Result<Option<Vec<u8>>> {
+        let Some(n) = &self.normalizer else {
+            return Ok(None);
+        };
+        let list: Vec<&Value> = match n.get("type").and_then(Value::as_str) {
+            Some("Sequence") => n
+                .get("normalizers")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().collect())
+                .unwrap_or_default(),
+            _ => vec![n],
+        };
+        for n in list {
+            if n.get("type").and_then(Value::as_str) == Some("Precompiled") {
+                if let Some(b64) = n.get("precompiled_charsmap").and_then(Value::as_str) {
+                    return base64_decode(b64).map(Some);
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn merges(&self) -> Result<Vec<(String, String)>> {
+        self.model
+            .merges
+            .iter()
+            .map(|m| match m {
+                TokenizerJsonMerge::Pair(a, b) => Ok((a.clone(), b.clone())),
+                TokenizerJsonMerge::Joined(s) => {
+                    let mut parts = s.split(' ');
+                    match (parts.next(), parts.next(), parts.next()) {
+                        (Some(a), Some(b), None) => Ok((a.to_string(), b.to_string())),
+                        _ => Err(Error::Msg(format!(
+                            "tokenizer.json: merge {s:?} is not two tokens"
+                        ))),
+                    }
+                }
+            })
+            .collect()
+    }
+}
+
+/// Standard base64 (as `base64.b64decode`), padding optional.
+fn base64_decode(s: &str) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    let mut acc = 0u32;
+    let mut bits = 0;
+    for c in s.bytes() {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            b'=' => break,
+            b'\n' | b'\r' => continue,
+            _ => {
+                return Err(Error::Msg(format!(
+                    "tokenizer.json: invalid base64 byte {c:#x} in precompiled_charsmap"
+                )))
+            }
+        };
+        acc = (acc << 6) | u32::from(v);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    Ok(out)
+}
+
+/// Id to token of a token-to-id map (ids without a token stay empty).
+fn invert(map: &HashMap<String, u32>) -> Vec<String> {
+    let n = map.values().max().map_or(0, |&m| m as usize + 1);
+    let mut out = vec![String::new(); n];
+    for (t, &id) in map {
+        out[id as usize] = t.clone();
+    }
+    out
 }
 
 fn require_files(dir: &Path, family: MultilingualFamily, files: &[&str]) -> Result<()> {
@@ -628,6 +762,8 @@ impl AddedVocab {
 #[derive(Debug, Clone)]
 struct HfPipeline {
     precompiled: Option<Precompiled>,
+    /// `Replace(" {2,}", " ")` after it (NLLB has no normaliser at all without a charsmap).
+    collapse_spaces: bool,
     model: HfModel,
     /// Model id to token.
     vocab: Vec<String>,
@@ -636,12 +772,15 @@ struct HfPipeline {
 }
 
 impl HfPipeline {
-    /// `Precompiled` then `Replace(" {2,}", " ")`.
+    /// `Precompiled` then `Replace(" {2,}", " ")` (the parts the tokenizer has).
     fn normalize(&self, text: &str) -> String {
         let text = match &self.precompiled {
             Some(p) => p.normalize(text),
             None => text.to_string(),
         };
+        if !self.collapse_spaces {
+            return text;
+        }
         let mut out = String::with_capacity(text.len());
         let mut run = 0;
         for c in text.chars() {
@@ -712,7 +851,12 @@ impl HfPipeline {
             .by_id
             .get(&id)
             .map(|t| t.content.as_str())
-            .or_else(|| self.vocab.get(id as usize).map(String::as_str))
+            .or_else(|| {
+                self.vocab
+                    .get(id as usize)
+                    .filter(|t| !t.is_empty())
+                    .map(String::as_str)
+            })
     }
 
     fn token_to_id(&self, token: &str) -> Option<u32> {
@@ -754,9 +898,9 @@ impl HfPipeline {
             .added
             .by_id
             .keys()
-            .filter(|&&id| id as usize >= self.vocab.len())
+            .filter(|&&id| self.vocab.get(id as usize).is_none_or(String::is_empty))
             .count();
-        self.vocab.len() + extra
+        self.vocab_map.len() + extra
     }
 
     fn special_ids(&self) -> Vec<u32> {
@@ -863,13 +1007,17 @@ pub struct NllbTokenizer {
 }
 
 impl NllbTokenizer {
-    /// Loads an NLLB-200 directory: `sentencepiece.bpe.model` (required),
-    /// `tokenizer_config.json` and `special_tokens_map.json`.
+    /// Loads an NLLB-200 directory: `sentencepiece.bpe.model`, `tokenizer_config.json` and
+    /// `special_tokens_map.json`. When the directory also has a `tokenizer.json`, its
+    /// vocabulary, merges and charsmap are used instead of the sentencepiece file's, as
+    /// transformers does (then `sentencepiece.bpe.model` is not needed).
     pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
-        require_files(dir, MultilingualFamily::Nllb, &["sentencepiece.bpe.model"])?;
+        let json = TokenizerJson::read(&dir.join("tokenizer.json"))?;
+        if json.is_none() {
+            require_files(dir, MultilingualFamily::Nllb, &["sentencepiece.bpe.model"])?;
+        }
         let cfg = FamilyConfig::read(dir)?;
-        let proto = read_proto(&dir.join("sentencepiece.bpe.model"))?;
         let mask = AddedTok {
             content: "<mask>".into(),
             special: true,
@@ -883,21 +1031,49 @@ impl NllbTokenizer {
             named_content(&named, "eos_token", "</s>").to_string(),
             named_content(&named, "unk_token", "<unk>").to_string(),
         );
-        // `NllbConverter.convert_from_spm`: the four fairseq specials, then the pieces in
-        // order, skipping those already there.
-        let spm_pieces: Vec<String> = proto.pieces.iter().map(|p| p.piece.clone()).collect();
-        let mut vocab: Vec<String> = vec![bos.clone(), pad.clone(), eos.clone(), unk.clone()];
-        let mut vocab_map: HashMap<String, u32> = HashMap::new();
-        for (i, t) in vocab.iter().enumerate() {
-            vocab_map.insert(t.clone(), i as u32);
-        }
-        for p in &spm_pieces {
-            if !vocab_map.contains_key(p) {
-                vocab_map.insert(p.clone(), vocab.len() as u32);
-                vocab.push(p.clone());
+        let (vocab_map, bpe, charsmap) = match json {
+            Some(json) => {
+                let vocab_map: HashMap<String, u32> = match &json.model.vocab {
+                    TokenizerJsonVocab::Map(m) => m.clone(),
+                    TokenizerJsonVocab::Scored(l) => l
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (t, _))| (t.clone(), i as u32))
+                        .collect(),
+                    TokenizerJsonVocab::List(l) => l
+                        .iter()
+                        .enumerate()
+                        .map(|(i, t)| (t.clone(), i as u32))
+                        .collect(),
+                };
+                if json.model.kind.as_deref().is_some_and(|k| k != "BPE") {
+                    return Err(Error::Msg(format!(
+                        "{}: tokenizer.json holds a {:?} model; NLLB-200's is BPE",
+                        dir.display(),
+                        json.model.kind.as_deref().unwrap_or_default()
+                    )));
+                }
+                let bpe = HfBpe::from_merges(&vocab_map, &json.merges()?, &unk)?;
+                (vocab_map, bpe, json.precompiled_charsmap()?)
             }
-        }
-        let bpe = HfBpe::from_spm_vocab(&vocab_map, &spm_pieces, &unk)?;
+            None => {
+                let proto = read_proto(&dir.join("sentencepiece.bpe.model"))?;
+                // `NllbConverter.convert_from_spm`: the four fairseq specials, then the pieces
+                // in order, skipping those already there.
+                let spm_pieces: Vec<String> =
+                    proto.pieces.iter().map(|p| p.piece.clone()).collect();
+                let mut vocab_map: HashMap<String, u32> = HashMap::new();
+                for t in [&bos, &pad, &eos, &unk].into_iter().chain(&spm_pieces) {
+                    let next = vocab_map.len() as u32;
+                    vocab_map.entry(t.clone()).or_insert(next);
+                }
+                let bpe = HfBpe::from_spm_vocab(&vocab_map, &spm_pieces, &unk)?;
+                let charsmap =
+                    Some(proto.normalizer_spec.precompiled_charsmap).filter(|c| !c.is_empty());
+                (vocab_map, bpe, charsmap)
+            }
+        };
+        let vocab = invert(&vocab_map);
         let extra = match cfg.extra()? {
             Some(e) => e,
             None => {
@@ -909,12 +1085,10 @@ impl NllbTokenizer {
             }
         };
         let added = build_added(&cfg, &named, &extra, &vocab_map)?;
-        let precompiled = match proto.normalizer_spec.precompiled_charsmap.as_slice() {
-            [] => None,
-            blob => Some(Precompiled::new(blob)?),
-        };
         let pipe = HfPipeline {
-            precompiled,
+            precompiled: charsmap.as_deref().map(Precompiled::new).transpose()?,
+            // Without a charsmap NllbTokenizer sets no normaliser at all.
+            collapse_spaces: charsmap.is_some(),
             model: HfModel::Bpe(bpe),
             vocab,
             vocab_map,
@@ -1009,7 +1183,7 @@ impl MultilingualTokenizer for NllbTokenizer {
         self.pipe.token_to_id(token)
     }
     fn vocab_size(&self) -> usize {
-        self.pipe.vocab.len()
+        self.pipe.vocab_map.len()
     }
     fn len(&self) -> usize {
         self.pipe.len()
@@ -1059,17 +1233,20 @@ pub struct MBart50Tokenizer {
 }
 
 impl MBart50Tokenizer {
-    /// Loads an mBART-50 directory: `sentencepiece.bpe.model` (required),
-    /// `tokenizer_config.json` and `special_tokens_map.json`.
+    /// Loads an mBART-50 directory: `sentencepiece.bpe.model`, `tokenizer_config.json` and
+    /// `special_tokens_map.json`. When the directory also has a `tokenizer.json`, its
+    /// vocabulary (with scores) and charsmap are used instead, as transformers does.
     pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
-        require_files(
-            dir,
-            MultilingualFamily::MBart50,
-            &["sentencepiece.bpe.model"],
-        )?;
+        let json = TokenizerJson::read(&dir.join("tokenizer.json"))?;
+        if json.is_none() {
+            require_files(
+                dir,
+                MultilingualFamily::MBart50,
+                &["sentencepiece.bpe.model"],
+            )?;
+        }
         let cfg = FamilyConfig::read(dir)?;
-        let proto = read_proto(&dir.join("sentencepiece.bpe.model"))?;
         // `AddedToken(mask, lstrip=True, rstrip=False)`: not special, so normalized.
         let mask = AddedTok {
             content: "<mask>".into(),
@@ -1083,22 +1260,50 @@ impl MBart50Tokenizer {
         let eos = named_content(&named, "eos_token", "</s>").to_string();
         let unk = named_content(&named, "unk_token", "<unk>").to_string();
         let mask = named_content(&named, "mask_token", "<mask>").to_string();
-        // `MBart50Converter.convert_from_spm`: four specials, pieces[3:], the codes, <mask>.
-        let mut entries: Vec<(String, f64)> = vec![
-            (cls.clone(), 0.0),
-            (pad.clone(), 0.0),
-            (eos.clone(), 0.0),
-            (unk.clone(), 0.0),
-        ];
-        entries.extend(
-            proto
-                .pieces
-                .iter()
-                .skip(3)
-                .map(|p| (p.piece.clone(), f64::from(p.score))),
-        );
-        entries.extend(MBART50_LANGUAGE_CODES.iter().map(|c| (c.to_string(), 0.0)));
-        entries.push((mask, 0.0));
+        // The four specials, pieces[3:], the codes, <mask> (`MBart50Converter.convert_from_spm`,
+        // and `__init__` for a list without language codes).
+        let layout = |pieces: &[(String, f64)]| -> Vec<(String, f64)> {
+            let mut entries: Vec<(String, f64)> = vec![
+                (cls.clone(), 0.0),
+                (pad.clone(), 0.0),
+                (eos.clone(), 0.0),
+                (unk.clone(), 0.0),
+            ];
+            entries.extend(pieces.iter().skip(3).cloned());
+            entries.extend(MBART50_LANGUAGE_CODES.iter().map(|c| (c.to_string(), 0.0)));
+            entries.push((mask.clone(), 0.0));
+            entries
+        };
+        let (entries, charsmap) = match json {
+            Some(json) => {
+                let TokenizerJsonVocab::Scored(list) = &json.model.vocab else {
+                    return Err(Error::Msg(format!(
+                        "{}: tokenizer.json holds no unigram vocabulary (token, score) list;                          mBART-50's model is unigram",
+                        dir.display()
+                    )));
+                };
+                let has_codes = list
+                    .iter()
+                    .any(|(t, _)| MBART50_LANGUAGE_CODES.contains(&t.as_str()));
+                let entries = if has_codes {
+                    list.clone()
+                } else {
+                    layout(list)
+                };
+                (entries, json.precompiled_charsmap()?)
+            }
+            None => {
+                let proto = read_proto(&dir.join("sentencepiece.bpe.model"))?;
+                let pieces: Vec<(String, f64)> = proto
+                    .pieces
+                    .iter()
+                    .map(|p| (p.piece.clone(), f64::from(p.score)))
+                    .collect();
+                let charsmap =
+                    Some(proto.normalizer_spec.precompiled_charsmap).filter(|c| !c.is_empty());
+                (layout(&pieces), charsmap)
+            }
+        };
         let unigram = HfUnigram::new(&entries, 3);
         let vocab: Vec<String> = entries.iter().map(|(t, _)| t.clone()).collect();
         let mut vocab_map = HashMap::new();
@@ -1115,12 +1320,9 @@ impl MBart50Tokenizer {
         let mut extra = cfg.extra()?.unwrap_or_default();
         extra.extend(MBART50_LANGUAGE_CODES.iter().map(|c| special(c)));
         let added = build_added(&cfg, &named, &extra, &vocab_map)?;
-        let precompiled = match proto.normalizer_spec.precompiled_charsmap.as_slice() {
-            [] => None,
-            blob => Some(Precompiled::new(blob)?),
-        };
         let pipe = HfPipeline {
-            precompiled,
+            precompiled: charsmap.as_deref().map(Precompiled::new).transpose()?,
+            collapse_spaces: true,
             model: HfModel::Unigram(unigram),
             vocab,
             vocab_map,
