@@ -132,7 +132,7 @@ fn check_family(tok: &dyn MultilingualTokenizer, name: &str) -> usize {
     for (code, id) in s["lang_ids"].as_object().unwrap() {
         check(code, tok.lang_id(code).unwrap() as u64, id, &mut failures);
     }
-    if tok.special_ids() != ids(&s["all_special_ids"]) {
+    if tok.special_ids() != ids(&s["skipped_ids"]) {
         failures.push(format!("special ids: got {:?}", tok.special_ids()));
     }
     assert!(
@@ -162,6 +162,13 @@ fn nllb_without_added_tokens_decoder_shifts_the_codes() {
         tok.lang_id("eng_Latn").unwrap(),
         with.lang_id("eng_Latn").unwrap() + 1
     );
+}
+
+#[test]
+fn nllb_codes_only_in_added_tokens_decoder() {
+    let tok = NllbTokenizer::from_dir(fixtures().join("nllb_decoder_only")).unwrap();
+    assert_eq!(tok.language_codes().len(), 202);
+    assert!(check_family(&tok, "nllb_decoder_only") >= 60);
 }
 
 #[test]
@@ -235,6 +242,19 @@ fn unknown_language_codes_list_close_matches() {
     // A code of another family is no code of this one.
     assert!(tok.lang_id("eng_Latn").is_err());
     assert!(tok.language_codes().contains(&"sl_SI".to_string()));
+}
+
+#[test]
+fn a_directory_without_language_codes_is_refused() {
+    // Only sentencepiece.bpe.model: transformers would map every code to <unk>.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        fixtures().join("nllb/sentencepiece.bpe.model"),
+        dir.path().join("sentencepiece.bpe.model"),
+    )
+    .unwrap();
+    let err = NllbTokenizer::from_dir(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("no language codes"), "{err}");
 }
 
 #[test]

@@ -167,7 +167,8 @@ pub trait MultilingualTokenizer: std::fmt::Debug + Send + Sync {
     /// Id of `<s>`.
     fn bos_id(&self) -> u32;
 
-    /// The ids `decode(.., true)` drops (`all_special_ids`), sorted.
+    /// The ids `decode(.., true)` drops, sorted: `all_special_ids` for the hub's files (for
+    /// NLLB-200 and mBART-50, precisely the added tokens marked special).
     fn special_ids(&self) -> Vec<u32>;
 
     /// Encodes a batch for `src_lang` and right-pads it with `<pad>` to the longest, as
@@ -523,7 +524,7 @@ impl FamilyConfig {
         }
     }
 
-    /// `extra_special_tokens` / `additional_special_tokens` (config first, then the map).
+    /// `extra_special_tokens` / `additional_special_tokens` of `tokenizer_config.json`.
     fn extra(&self) -> Result<Option<Vec<AddedTok>>> {
         let special = AddedTok {
             content: String::new(),
@@ -531,7 +532,9 @@ impl FamilyConfig {
             lstrip: false,
             normalized: false,
         };
-        for source in [&self.config, &self.map] {
+        // transformers 5.24 does not take them from special_tokens_map.json.
+        {
+            let source = &self.config;
             for key in ["extra_special_tokens", "additional_special_tokens"] {
                 match source.get(key) {
                     None | Some(Value::Null) => {}
@@ -1074,16 +1077,10 @@ impl NllbTokenizer {
             }
         };
         let vocab = invert(&vocab_map);
-        let extra = match cfg.extra()? {
-            Some(e) => e,
-            None => {
-                return Err(Error::Msg(format!(
-                    "{}: tokenizer_config.json / special_tokens_map.json list no language codes \
-                     (additional_special_tokens): transformers would not know them either",
-                    dir.display()
-                )))
-            }
-        };
+        // Without extra special tokens in the config, transformers keeps the sentencepiece
+        // file's control pieces as such (`SentencePieceExtractor`), not the language codes:
+        // then only `added_tokens_decoder` can make them known.
+        let extra = cfg.extra()?.unwrap_or_default();
         let added = build_added(&cfg, &named, &extra, &vocab_map)?;
         let pipe = HfPipeline {
             precompiled: charsmap.as_deref().map(Precompiled::new).transpose()?,
@@ -1095,11 +1092,17 @@ impl NllbTokenizer {
             added,
         };
         let id = |t: &str| pipe.token_to_id(t).unwrap_or(3);
-        let codes: Vec<String> = extra
+        let codes: Vec<String> = NLLB_LANGUAGE_CODES
             .iter()
-            .map(|t| t.content.clone())
-            .filter(|c| NLLB_LANGUAGE_CODES.contains(&c.as_str()))
+            .filter(|c| pipe.added.by_content.contains_key(**c))
+            .map(|c| c.to_string())
             .collect();
+        if codes.is_empty() {
+            return Err(Error::Msg(format!(
+                "{}: no language codes: tokenizer_config.json has neither                  additional_special_tokens / extra_special_tokens nor added_tokens_decoder                  listing them (transformers would map every code to <unk>)",
+                dir.display()
+            )));
+        }
         Ok(Self {
             bos_id: id(&bos),
             eos_id: id(&eos),
