@@ -524,17 +524,24 @@ impl FamilyConfig {
         }
     }
 
-    /// `extra_special_tokens` / `additional_special_tokens` of `tokenizer_config.json`.
-    fn extra(&self) -> Result<Option<Vec<AddedTok>>> {
+    /// `extra_special_tokens` / `additional_special_tokens` of `tokenizer_config.json`, then
+    /// (with `with_map`) of `special_tokens_map.json`. transformers 5.24 reads the map's, but
+    /// for NLLB-200 and mBART-50 the sentencepiece conversion (`SentencePieceExtractor`)
+    /// overwrites `additional_special_tokens` with the file's control pieces, so only the
+    /// config's (loaded as `extra_special_tokens`) count there.
+    fn extra(&self, with_map: bool) -> Result<Option<Vec<AddedTok>>> {
         let special = AddedTok {
             content: String::new(),
             special: true,
             lstrip: false,
             normalized: false,
         };
-        // transformers 5.24 does not take them from special_tokens_map.json.
-        {
-            let source = &self.config;
+        let sources: &[&Map<String, Value>] = if with_map {
+            &[&self.config, &self.map]
+        } else {
+            &[&self.config]
+        };
+        for source in sources {
             for key in ["extra_special_tokens", "additional_special_tokens"] {
                 match source.get(key) {
                     None | Some(Value::Null) => {}
@@ -1080,7 +1087,7 @@ impl NllbTokenizer {
         // Without extra special tokens in the config, transformers keeps the sentencepiece
         // file's control pieces as such (`SentencePieceExtractor`), not the language codes:
         // then only `added_tokens_decoder` can make them known.
-        let extra = cfg.extra()?.unwrap_or_default();
+        let extra = cfg.extra(false)?.unwrap_or_default();
         let added = build_added(&cfg, &named, &extra, &vocab_map)?;
         let pipe = HfPipeline {
             precompiled: charsmap.as_deref().map(Precompiled::new).transpose()?,
@@ -1320,7 +1327,7 @@ impl MBart50Tokenizer {
             normalized: false,
         };
         // The config's extra tokens, then every language code (`extend`).
-        let mut extra = cfg.extra()?.unwrap_or_default();
+        let mut extra = cfg.extra(false)?.unwrap_or_default();
         extra.extend(MBART50_LANGUAGE_CODES.iter().map(|c| special(c)));
         let added = build_added(&cfg, &named, &extra, &vocab_map)?;
         let pipe = HfPipeline {
@@ -1535,7 +1542,7 @@ impl M2M100Tokenizer {
                 dir.display()
             ))
         })?;
-        for t in cfg.extra()?.unwrap_or_default() {
+        for t in cfg.extra(true)?.unwrap_or_default() {
             specials.push(t.content);
         }
         let convert = |t: &str| -> u32 {
