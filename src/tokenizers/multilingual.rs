@@ -1106,7 +1106,9 @@ impl NllbTokenizer {
             .collect();
         if codes.is_empty() {
             return Err(Error::Msg(format!(
-                "{}: no language codes: tokenizer_config.json has neither                  additional_special_tokens / extra_special_tokens nor added_tokens_decoder                  listing them (transformers would map every code to <unk>)",
+                "{}: no language codes: tokenizer_config.json has neither \
+                 additional_special_tokens / extra_special_tokens nor added_tokens_decoder \
+                 listing them (transformers would map every code to <unk>)",
                 dir.display()
             )));
         }
@@ -1288,7 +1290,8 @@ impl MBart50Tokenizer {
             Some(json) => {
                 let TokenizerJsonVocab::Scored(list) = &json.model.vocab else {
                     return Err(Error::Msg(format!(
-                        "{}: tokenizer.json holds no unigram vocabulary (token, score) list;                          mBART-50's model is unigram",
+                        "{}: tokenizer.json holds no unigram vocabulary (token, score) list; \
+                         mBART-50's model is unigram",
                         dir.display()
                     )));
                 };
