@@ -491,12 +491,12 @@ impl MarianTokenizer {
 }
 
 /// Python's `str.strip()`: Unicode White_Space plus the separators U+001C..U+001F.
-fn py_strip(s: &str) -> &str {
+pub(crate) fn py_strip(s: &str) -> &str {
     s.trim_matches(|c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c))
 }
 
 /// transformers' `clean_up_tokenization` (used when the config asks for it).
-fn clean_up_tokenization(s: &str) -> String {
+pub(crate) fn clean_up_tokenization(s: &str) -> String {
     s.replace(" .", ".")
         .replace(" ?", "?")
         .replace(" !", "!")

@@ -6,7 +6,7 @@
 //! Marian's and mBART-50's files) and BPE (`bpe.rs`, NLLB-200's and M2M100's).
 
 mod bpe;
-mod darts;
+pub(crate) mod darts;
 pub mod model_proto;
 mod normalizer;
 mod trie;
