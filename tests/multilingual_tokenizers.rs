@@ -206,8 +206,7 @@ fn a_tokenizer_json_is_used_when_present() {
     assert!(check_family(&tok, "mbart50_tokjson") >= 60);
 }
 
-/// M2M100 segments with the `sentencepiece` library's BPE, which `SentencePieceModel` gains on
-/// branch `bpe`; with that branch's segmenter this test passes (checked on a merged copy).
+/// M2M100 segments with the `sentencepiece` library's BPE (`SentencePieceModel`'s BPE segmenter).
 #[test]
 fn m2m100_matches_transformers() {
     let tok = M2M100Tokenizer::from_dir(fixtures().join("m2m100")).unwrap();
