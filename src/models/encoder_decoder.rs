@@ -97,6 +97,32 @@ pub struct EncoderDecoderSpec {
     pub family: &'static str,
 }
 
+/// The layers of one stack of a BART-family model (`d_model`, `heads`, feed-forward size
+/// `ffn`, `layers` of them), as transformers builds them: Hugging Face names, biases, torch's
+/// `LayerNorm` epsilon (1e-5), no dropout (inference only); pre-norm with `norm_first` (M2M100,
+/// mBART), post-norm otherwise (Marian).
+pub(crate) fn bart_stack_config(
+    d_model: usize,
+    heads: usize,
+    ffn: usize,
+    layers: usize,
+    activation: crate::transformer::Activation,
+    norm_first: bool,
+) -> TransformerConfig {
+    TransformerConfig {
+        num_encoder_layers: layers,
+        num_decoder_layers: layers,
+        dim_feedforward: ffn,
+        dropout: 0.0,
+        activation,
+        layer_norm_eps: 1e-5,
+        norm_first,
+        bias: true,
+        naming: crate::transformer::LayerNaming::HuggingFace,
+        ..TransformerConfig::new(d_model, heads)
+    }
+}
+
 /// Where a family's state dict keeps the tensors this model reads, relative to the model's
 /// prefix (`model.` for a `...ForConditionalGeneration` state dict, none for a bare model).
 #[derive(Clone, Debug, PartialEq)]

@@ -10,9 +10,9 @@
 //! architecture has (positions, embedding layer norm, `final_logits_bias`); the families
 //! themselves ([`crate::models::m2m100`], [`crate::models::mbart`]) are such definitions.
 
-use super::encoder_decoder::{EncoderDecoderSpec, Positions};
+use super::encoder_decoder::{bart_stack_config, EncoderDecoderSpec, Positions};
 use crate::generation::GenerationConfig;
-use crate::transformer::{Activation, LayerNaming, TransformerConfig};
+use crate::transformer::{Activation, TransformerConfig};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::path::Path;
@@ -441,20 +441,14 @@ impl FamilyConfig {
         ffn: usize,
         layers: usize,
     ) -> candle::Result<TransformerConfig> {
-        Ok(TransformerConfig {
-            num_encoder_layers: layers,
-            num_decoder_layers: layers,
-            dim_feedforward: ffn,
-            // Inference only: dropout is never applied.
-            dropout: 0.0,
-            activation: self.activation()?,
-            // torch.nn.LayerNorm's default, which these models use.
-            layer_norm_eps: 1e-5,
-            norm_first: true,
-            bias: true,
-            naming: LayerNaming::HuggingFace,
-            ..TransformerConfig::new(self.d_model, heads)
-        })
+        Ok(bart_stack_config(
+            self.d_model,
+            heads,
+            ffn,
+            layers,
+            self.activation()?,
+            true,
+        ))
     }
 
     /// The encoder stack's layers (pre-norm, Hugging Face names).

@@ -1,8 +1,8 @@
 //! `config.json` of a Hugging Face MarianMT directory, read as transformers' `MarianConfig`
 //! reads it (same field names, same defaults).
 
-use crate::models::encoder_decoder::{EncoderDecoderSpec, Positions};
-use crate::transformer::{Activation, LayerNaming, TransformerConfig};
+use crate::models::encoder_decoder::{bart_stack_config, EncoderDecoderSpec, Positions};
+use crate::transformer::{Activation, TransformerConfig};
 use serde::Deserialize;
 use std::path::Path;
 
@@ -208,20 +208,14 @@ impl MarianConfig {
         ffn: usize,
         layers: usize,
     ) -> candle::Result<TransformerConfig> {
-        Ok(TransformerConfig {
-            num_encoder_layers: layers,
-            num_decoder_layers: layers,
-            dim_feedforward: ffn,
-            // Inference only: dropout is never applied.
-            dropout: 0.0,
-            activation: self.activation()?,
-            // torch.nn.LayerNorm's default, which MarianMTModel uses.
-            layer_norm_eps: 1e-5,
-            norm_first: false,
-            bias: true,
-            naming: LayerNaming::HuggingFace,
-            ..TransformerConfig::new(self.d_model, heads)
-        })
+        Ok(bart_stack_config(
+            self.d_model,
+            heads,
+            ffn,
+            layers,
+            self.activation()?,
+            false,
+        ))
     }
 
     /// The encoder stack's layer configuration (post-norm, Hugging Face names).
