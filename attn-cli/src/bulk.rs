@@ -21,6 +21,7 @@ use anyhow::Context;
 use candle_attention::explain::AttentionMap;
 use candle_attention::generation::Hypothesis;
 use candle_attention::marian::MarianTranslator;
+use candle_attention::models::multilingual_translator::MultilingualTranslator;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
@@ -60,6 +61,28 @@ impl Engine for MarianTranslator {
 
     fn decode(&self, hypothesis: &Hypothesis) -> candle::Result<String> {
         MarianTranslator::decode(self, hypothesis)
+    }
+
+    fn attention(
+        &self,
+        source_ids: &[u32],
+        hypothesis: &Hypothesis,
+    ) -> candle::Result<AttentionMap> {
+        self.attention_map(source_ids, hypothesis, None)
+    }
+}
+
+impl Engine for MultilingualTranslator {
+    fn encode(&self, text: &str) -> candle::Result<Vec<u32>> {
+        MultilingualTranslator::encode(self, text)
+    }
+
+    fn generate(&self, batch: &[Vec<u32>]) -> candle::Result<Vec<candle::Result<Vec<Hypothesis>>>> {
+        self.generate_encoded(batch)
+    }
+
+    fn decode(&self, hypothesis: &Hypothesis) -> candle::Result<String> {
+        MultilingualTranslator::decode(self, hypothesis)
     }
 
     fn attention(

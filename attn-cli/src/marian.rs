@@ -292,8 +292,19 @@ pub fn generation_config(
     max_new_tokens: Option<usize>,
     min_new_tokens: Option<usize>,
 ) -> anyhow::Result<GenerationConfig> {
-    let mut cfg = GenerationConfig::from_model_dir(dir)
+    let cfg = GenerationConfig::from_model_dir(dir)
         .with_context(|| format!("reading the generation settings of {}", dir.display()))?;
+    with_overrides(cfg, beams, max_new_tokens, min_new_tokens)
+}
+
+/// `cfg` with the command line's overrides (`--beam(s)`, `--max-new-tokens`,
+/// `--min-new-tokens`), each checked.
+pub fn with_overrides(
+    mut cfg: GenerationConfig,
+    beams: Option<usize>,
+    max_new_tokens: Option<usize>,
+    min_new_tokens: Option<usize>,
+) -> anyhow::Result<GenerationConfig> {
     if let Some(b) = beams {
         if b == 0 {
             anyhow::bail!("--beams must be at least 1")

@@ -117,6 +117,15 @@ pub fn inspect_dir(dir: &Path, json: bool) -> anyhow::Result<()> {
     .filter(|f| dir.join(f).is_file())
     .collect();
     let eos = cfg.eos_token_id.as_ref().map(|e| e.to_vec());
+    // The languages the directory's tokenizer knows (for --source-lang / --target-lang); a
+    // tokenizer that does not load is reported, not fatal: the model can still be inspected.
+    let languages = if tokenizer.is_empty() {
+        Err("no tokenizer files".to_string())
+    } else {
+        candle_attention::tokenizers::load_multilingual_tokenizer(dir)
+            .map(|t| t.language_codes())
+            .map_err(|e| e.to_string())
+    };
     if json {
         let out = serde_json::json!({
             "directory": dir.display().to_string(),
@@ -144,6 +153,8 @@ pub fn inspect_dir(dir: &Path, json: bool) -> anyhow::Result<()> {
             "forced_bos_token_id": generation.forced_bos_token_id,
             "generation_config": dir.join("generation_config.json").is_file(),
             "tokenizer_files": tokenizer,
+            "languages": languages.as_ref().ok(),
+            "tokenizer_error": languages.as_ref().err(),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
@@ -209,5 +220,9 @@ pub fn inspect_dir(dir: &Path, json: bool) -> anyhow::Result<()> {
             tokenizer.join(", ")
         }
     );
+    match &languages {
+        Ok(codes) => println!("languages ({}): {}", codes.len(), codes.join(" ")),
+        Err(e) => println!("languages: unknown ({e})"),
+    }
     Ok(())
 }

@@ -6,6 +6,8 @@ use attn_cli::heatmap::{self, AttentionMap, Heads};
 use attn_cli::number_translator::translator::Translator;
 use attn_cli::shipped;
 use candle_attention::marian::MarianTranslator;
+use candle_attention::models::multilingual_translator::MultilingualTranslator;
+use candle_attention::models::seq2seq::Family;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 
@@ -21,10 +23,18 @@ pub struct TranslateArgs {
     /// default: the shipped model of weights/, built into this binary.
     #[arg(long, conflicts_with = "model")]
     weights: Option<PathBuf>,
-    /// A Hugging Face MarianMT directory (opus-mt: config.json, model.safetensors or
-    /// pytorch_model.bin, source.spm, target.spm, vocab.json) to translate with instead.
+    /// A Hugging Face model directory to translate with instead: MarianMT (opus-mt:
+    /// config.json, model.safetensors or pytorch_model.bin, source.spm, target.spm,
+    /// vocab.json), or NLLB-200 / M2M100 / mBART-50 (with --source-lang and --target-lang).
     #[arg(long)]
     model: Option<PathBuf>,
+    /// With an NLLB-200, M2M100 or mBART-50 --model: the language of the texts, as the family
+    /// spells it (eng_Latn, en, en_XX; `attn inspect DIR` lists them).
+    #[arg(long, requires = "model", value_name = "CODE")]
+    source_lang: Option<String>,
+    /// With an NLLB-200, M2M100 or mBART-50 --model: the language to translate into.
+    #[arg(long, requires = "model", value_name = "CODE")]
+    target_lang: Option<String>,
     /// Beam width (1 = greedy). Default: 1 for the shipped model; the directory's
     /// generation_config.json for --model.
     #[arg(long)]
@@ -128,7 +138,7 @@ pub fn run(args: &TranslateArgs) -> anyhow::Result<()> {
         anyhow::bail!("--beam must be at least 1");
     }
     if let Some(dir) = &args.model {
-        return run_marian(args, dir, heads);
+        return run_model(args, dir, heads);
     }
     let beam = args.beam.unwrap_or(1);
     let device = args.device.device()?;
@@ -146,9 +156,10 @@ pub fn run(args: &TranslateArgs) -> anyhow::Result<()> {
     finish(failed, texts.len())
 }
 
-/// `attn translate --model DIR`: a Hugging Face MarianMT directory, text to text, as the
-/// transformers pipeline does it, through the bulk path ([`bulk`]).
-fn run_marian(args: &TranslateArgs, dir: &std::path::Path, heads: Heads) -> anyhow::Result<()> {
+/// `attn translate --model DIR`: a Hugging Face directory, text to text, as the transformers
+/// pipeline does it, through the bulk path ([`bulk`]): MarianMT, or a multilingual family
+/// (NLLB-200, M2M100, mBART-50) with `--source-lang` / `--target-lang`.
+fn run_model(args: &TranslateArgs, dir: &std::path::Path, heads: Heads) -> anyhow::Result<()> {
     if args.n_best == 0 {
         anyhow::bail!("--n-best must be at least 1");
     }
@@ -165,22 +176,81 @@ fn run_marian(args: &TranslateArgs, dir: &std::path::Path, heads: Heads) -> anyh
         anyhow::bail!("--max-batch-tokens and --window must be at least 1");
     }
     let device = args.device.device()?;
-    let translator = MarianTranslator::from_dir(dir, &device)
-        .with_context(|| format!("loading the MarianMT model in {}", dir.display()))?;
-    let mut generation =
-        crate::marian::generation_config(dir, args.beam, args.max_new_tokens, None)?;
-    if args.n_best > 1 {
-        let beams = generation.num_beams.unwrap_or(1);
-        if args.n_best > beams {
+    let family = Family::of_dir(dir)?;
+    if family == Family::Marian {
+        if args.source_lang.is_some() || args.target_lang.is_some() {
             anyhow::bail!(
-                "--n-best {} needs at least as many beams, got {beams} (--beam)",
-                args.n_best
-            );
+                "{} is a MarianMT directory, which translates one language pair: \
+                 --source-lang and --target-lang are for NLLB-200, M2M100 and mBART-50",
+                dir.display()
+            )
         }
-        generation = generation.with_num_return_sequences(args.n_best);
+        let translator = MarianTranslator::from_dir(dir, &device)
+            .with_context(|| format!("loading the MarianMT model in {}", dir.display()))?;
+        let generation =
+            crate::marian::generation_config(dir, args.beam, args.max_new_tokens, None)?;
+        let translator = translator.with_generation_config(n_best(args, generation)?);
+        crate::marian::check_generation_limits(translator.model(), translator.generation_config())?;
+        return run_bulk(args, heads, &translator, |text| {
+            Ok(translator.cross_attention(text, args.layer)?)
+        });
     }
-    let translator = translator.with_generation_config(generation);
+    let (Some(src), Some(tgt)) = (&args.source_lang, &args.target_lang) else {
+        anyhow::bail!(
+            "{} is a {} directory: give the languages with --source-lang and --target-lang \
+             (codes as the family spells them; `attn inspect {}` lists them)",
+            dir.display(),
+            family.name(),
+            dir.display()
+        )
+    };
+    let translator = MultilingualTranslator::from_dir(dir, src, tgt, &device)
+        .with_context(|| format!("loading the {} model in {}", family.name(), dir.display()))?;
+    let generation = crate::marian::with_overrides(
+        translator.generation_config().clone(),
+        args.beam,
+        args.max_new_tokens,
+        None,
+    )?;
+    let translator = translator.with_generation_config(n_best(args, generation)?);
     crate::marian::check_generation_limits(translator.model(), translator.generation_config())?;
+    run_bulk(args, heads, &translator, |text| {
+        let ids = translator.encode(text)?;
+        let hypothesis = translator
+            .generate_encoded(std::slice::from_ref(&ids))?
+            .swap_remove(0)?
+            .swap_remove(0);
+        Ok(translator.attention_map(&ids, &hypothesis, args.layer)?)
+    })
+}
+
+/// `generation` returning `--n-best` sequences (checked against the beams).
+fn n_best(
+    args: &TranslateArgs,
+    generation: candle_attention::GenerationConfig,
+) -> anyhow::Result<candle_attention::GenerationConfig> {
+    if args.n_best <= 1 {
+        return Ok(generation);
+    }
+    let beams = generation.num_beams.unwrap_or(1);
+    if args.n_best > beams {
+        anyhow::bail!(
+            "--n-best {} needs at least as many beams, got {beams} (--beam)",
+            args.n_best
+        );
+    }
+    Ok(generation.with_num_return_sequences(args.n_best))
+}
+
+/// The bulk path over `engine`: lines from the arguments, `--input` or standard input, results
+/// to `--output` or standard output, a progress bar on a terminal, and the `--heatmap` of the
+/// first text drawn from `heatmap`.
+fn run_bulk<E: bulk::Engine + Sync>(
+    args: &TranslateArgs,
+    heads: Heads,
+    engine: &E,
+    heatmap: impl FnOnce(&str) -> anyhow::Result<AttentionMap>,
+) -> anyhow::Result<()> {
     let options = bulk::Options {
         window: args.window,
         max_batch_tokens: args.max_batch_tokens,
@@ -219,7 +289,7 @@ fn run_marian(args: &TranslateArgs, dir: &std::path::Path, heads: Heads) -> anyh
     // On rayon's pool, as `attn generate` (see `on_rayon_pool`).
     let summary = crate::pool::on_rayon_pool(|| {
         bulk::translate(
-            &translator,
+            engine,
             input,
             output,
             &options,
@@ -252,9 +322,7 @@ fn run_marian(args: &TranslateArgs, dir: &std::path::Path, heads: Heads) -> anyh
         } else {
             &args.texts
         };
-        draw_first(args, heads, texts, |text| {
-            Ok(translator.cross_attention(text, args.layer)?)
-        })?;
+        draw_first(args, heads, texts, heatmap)?;
     }
     finish(summary.failed, summary.lines)
 }

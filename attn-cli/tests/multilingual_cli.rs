@@ -338,3 +338,115 @@ fn without_generation_config_the_family_defaults_apply() {
         );
     }
 }
+
+/// `attn translate --model DIR --source-lang X --target-lang Y`: text to text on a directory
+/// that holds a tokenizer and a model of its family (NLLB-200 on M2M100, mBART-50), equal to
+/// transformers' `tokenizer(texts, padding=True)` → `generate(forced_bos_token_id=…)` →
+/// `batch_decode(skip_special_tokens=True)`, greedy and beam 4, for two language pairs
+/// (fixtures: tests/fixtures/make_multilingual_e2e_fixtures.py; random models, so the texts
+/// are not translations, but every id of the pipeline is checked through them).
+#[test]
+fn translate_with_source_and_target_languages_is_transformers_text_to_text() {
+    for family in ["nllb", "mbart50"] {
+        let dir = fixtures().join("multilingual_e2e").join(family);
+        let expected: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap())
+                .unwrap();
+        let texts: Vec<String> = expected["texts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap().to_string())
+            .collect();
+        for case in expected["cases"].as_array().unwrap() {
+            let (src, tgt) = (
+                case["source_lang"].as_str().unwrap(),
+                case["target_lang"].as_str().unwrap(),
+            );
+            let beams = case["beams"].as_u64().unwrap().to_string();
+            let mut args = vec![
+                "translate",
+                "--model",
+                dir.to_str().unwrap(),
+                "--source-lang",
+                src,
+                "--target-lang",
+                tgt,
+                "--beam",
+                &beams,
+                "--max-new-tokens",
+                "10",
+            ];
+            args.extend(texts.iter().map(String::as_str));
+            let got = ok(&args);
+            let want: Vec<&str> = case["translations"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_str().unwrap())
+                .collect();
+            assert_eq!(
+                got.lines().collect::<Vec<_>>(),
+                want,
+                "{family} {src} -> {tgt}, {beams} beam(s)"
+            );
+        }
+    }
+}
+
+/// The languages are required for a multilingual directory, refused for a MarianMT one, and
+/// an unknown code names close matches.
+#[test]
+fn translate_refuses_missing_unknown_and_misplaced_languages() {
+    let nllb = fixtures().join("multilingual_e2e/nllb");
+    let nllb = nllb.to_str().unwrap();
+    let err = fails(&["translate", "--model", nllb, "Hello"]);
+    assert!(
+        err.contains("--source-lang") && err.contains("--target-lang"),
+        "{err}"
+    );
+    let err = fails(&[
+        "translate",
+        "--model",
+        nllb,
+        "--source-lang",
+        "eng_Latn",
+        "--target-lang",
+        "deu_latn",
+        "Hello",
+    ]);
+    assert!(
+        err.contains("deu_latn") && err.contains("deu_Latn"),
+        "{err}"
+    );
+    let marian = fixtures().join("marian_e2e");
+    let err = fails(&[
+        "translate",
+        "--model",
+        marian.to_str().unwrap(),
+        "--source-lang",
+        "en",
+        "--target-lang",
+        "de",
+        "Hello",
+    ]);
+    assert!(err.contains("MarianMT"), "{err}");
+}
+
+/// `attn inspect DIR` lists the languages of the directory's tokenizer (what --source-lang and
+/// --target-lang take), and says why when the tokenizer is missing.
+#[test]
+fn inspect_lists_the_languages() {
+    let nllb = fixtures().join("multilingual_e2e/nllb");
+    let out = ok(&["inspect", nllb.to_str().unwrap()]);
+    assert!(out.contains("languages (202): ace_Arab"), "{out}");
+    assert!(out.contains("deu_Latn"), "{out}");
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&["inspect", nllb.to_str().unwrap(), "--json"])).unwrap();
+    assert_eq!(json["languages"].as_array().unwrap().len(), 202);
+    let mbart = fixtures().join("multilingual_e2e/mbart50");
+    assert!(ok(&["inspect", mbart.to_str().unwrap()]).contains("languages (52): ar_AR"));
+    let bare = fixtures().join("multilingual/mbart");
+    assert!(ok(&["inspect", bare.to_str().unwrap()])
+        .contains("languages: unknown (no tokenizer files)"));
+}

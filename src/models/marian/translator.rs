@@ -6,6 +6,7 @@
 use super::model::MarianMTModel;
 use crate::explain::{AttentionMap, TeacherForcing};
 use crate::generation::{generate, generate_hypotheses, GenerationConfig, Hypothesis};
+use crate::models::translation::{attention_map, generate_rows};
 use crate::tokenizers::MarianTokenizer;
 use candle::{Device, Tensor};
 use std::path::Path;
@@ -96,17 +97,7 @@ impl MarianTranslator {
         &self,
         batch: &[Vec<u32>],
     ) -> candle::Result<Vec<candle::Result<Vec<Hypothesis>>>> {
-        match self.generate_batch(batch) {
-            Ok(all) => Ok(all.into_iter().map(Ok).collect()),
-            Err(_) if batch.len() > 1 => Ok(batch
-                .iter()
-                .map(|ids| {
-                    self.generate_batch(std::slice::from_ref(ids))
-                        .map(|mut one| one.swap_remove(0))
-                })
-                .collect()),
-            Err(e) => Ok(vec![Err(e)]),
-        }
+        Ok(generate_rows(batch, |rows| self.generate_batch(rows)))
     }
 
     /// One padded batch through the model and the generation engine.
@@ -236,37 +227,10 @@ impl MarianTranslator {
         hypothesis: &Hypothesis,
         layer: Option<usize>,
     ) -> candle::Result<AttentionMap> {
-        let device = self.model.device();
-        let sequence = &hypothesis.tokens;
-        let input = Tensor::new(source_ids, device)?.unsqueeze(0)?;
-        let mask = input.ones_like()?;
-        // Rows: the generated tokens, fed as the decoder input shifted by the start token.
-        let generated = &sequence[1.min(sequence.len())..];
-        let decoder_input = &sequence[..sequence.len().saturating_sub(1)];
-        let dec = Tensor::new(decoder_input, device)?.unsqueeze(0)?;
-        let all = self.model.cross_attention_weights(&input, &mask, &dec)?;
-        let num_layers = all.len();
-        let layer = layer.unwrap_or(num_layers.saturating_sub(1));
-        let weights = all.get(layer).ok_or_else(|| {
-            candle::Error::Msg(format!(
-                "layer {layer} does not exist: the model has {num_layers} decoder layers (0..{num_layers})"
-            ))
-        })?;
-        let weights: Vec<Vec<Vec<f32>>> = weights
-            .squeeze(0)?
-            .to_dtype(candle::DType::F32)?
-            .to_vec3()?;
-        let label = |id: u32| {
+        attention_map(&self.model, source_ids, hypothesis, layer, |id| {
             self.tokenizer
                 .id_to_token(id)
                 .map_or_else(|| format!("<{id}>"), str::to_string)
-        };
-        Ok(AttentionMap {
-            source: source_ids.iter().map(|&id| label(id)).collect(),
-            output: generated.iter().map(|&id| label(id)).collect(),
-            weights,
-            layer,
-            num_layers,
         })
     }
 }
