@@ -86,13 +86,26 @@ pub fn read_ids(file: &TensorFile, name: &str, device: &Device) -> anyhow::Resul
 pub fn run(args: &RunMarianArgs) -> anyhow::Result<()> {
     let device = args.device.device()?;
     let model = load_model(&args.model, &device)?;
-    let inputs = TensorFile::open(&args.inputs)?;
-    let input_ids = read_ids(&inputs, "input_ids", &device)?;
-    let attention_mask = read_ids(&inputs, "attention_mask", &device)?;
-    let decoder_input_ids = read_ids(&inputs, "decoder_input_ids", &device)?;
+    forward_to_file(&model, "MarianMT", &args.inputs, &args.output, &device)
+}
+
+/// `model(input_ids, attention_mask, decoder_input_ids)` on the int64 tensors of `inputs`
+/// (`(B, S)`, `(B, S)`, `(B, T)`), written to `output` as f32 `logits` `(B, T, V)` and
+/// `encoder_last_hidden_state` `(B, S, E)`: `attn run marian` and `attn run seq2seq`.
+pub fn forward_to_file(
+    model: &EncoderDecoderModel,
+    family: &str,
+    inputs: &Path,
+    output: &Path,
+    device: &candle::Device,
+) -> anyhow::Result<()> {
+    let inputs = TensorFile::open(inputs)?;
+    let input_ids = read_ids(&inputs, "input_ids", device)?;
+    let attention_mask = read_ids(&inputs, "attention_mask", device)?;
+    let decoder_input_ids = read_ids(&inputs, "decoder_input_ids", device)?;
     let (logits, encoder_out) = model
         .forward(&input_ids, &attention_mask, &decoder_input_ids)
-        .context("running the MarianMT model")?;
+        .with_context(|| format!("running the {family} model"))?;
     save_tensors(
         &[
             ("logits", &logits.to_dtype(DType::F32)?),
@@ -101,7 +114,7 @@ pub fn run(args: &RunMarianArgs) -> anyhow::Result<()> {
                 &encoder_out.to_dtype(DType::F32)?,
             ),
         ],
-        &args.output,
+        output,
     )?;
     Ok(())
 }

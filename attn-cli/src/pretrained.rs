@@ -2,15 +2,13 @@
 //! MarianMT, M2M100 / NLLB-200 (dense) or mBART. `attn run seq2seq`, `attn generate` and
 //! `attn inspect DIR` load through here.
 
-use crate::marian::read_ids;
 use anyhow::Context;
-use candle::{DType, Device};
+use candle::Device;
 use candle_attention::marian::MarianMTModel;
 use candle_attention::models::checkpoint::Checkpoint;
 use candle_attention::models::encoder_decoder::EncoderDecoderModel;
 use candle_attention::models::family_config::FamilyConfig;
 use candle_attention::models::seq2seq::{Family, Seq2SeqModel};
-use candle_attention::{save_tensors, TensorFile};
 use std::path::{Path, PathBuf};
 
 /// A loaded model of any supported family.
@@ -72,25 +70,13 @@ pub struct RunSeq2SeqArgs {
 pub fn run(args: &RunSeq2SeqArgs) -> anyhow::Result<()> {
     let device = args.device.device()?;
     let model = AnyModel::load(&args.model, &device)?;
-    let inputs = TensorFile::open(&args.inputs)?;
-    let input_ids = read_ids(&inputs, "input_ids", &device)?;
-    let attention_mask = read_ids(&inputs, "attention_mask", &device)?;
-    let decoder_input_ids = read_ids(&inputs, "decoder_input_ids", &device)?;
-    let (logits, encoder_out) = model
-        .model()
-        .forward(&input_ids, &attention_mask, &decoder_input_ids)
-        .with_context(|| format!("running the {} model", model.family_name()))?;
-    save_tensors(
-        &[
-            ("logits", &logits.to_dtype(DType::F32)?),
-            (
-                "encoder_last_hidden_state",
-                &encoder_out.to_dtype(DType::F32)?,
-            ),
-        ],
+    crate::marian::forward_to_file(
+        model.model(),
+        model.family_name(),
+        &args.inputs,
         &args.output,
-    )?;
-    Ok(())
+        &device,
+    )
 }
 
 /// `attn inspect DIR`: the family, sizes, weights and special ids of a model directory.
