@@ -151,21 +151,34 @@ impl KvCache {
             } else {
                 None
             };
-            let gather = |buf: &Tensor| -> candle::Result<Tensor> {
-                let buf = buf.contiguous()?;
-                let gathered = match &ids {
-                    Some(ids) => gather_rows_cpu(&buf, ids, self.len)?,
-                    None => None,
-                };
-                match gathered {
-                    Some(gathered) => Ok(gathered),
-                    None => buf.index_select(rows, 0),
-                }
-            };
-            let (k, v) = (gather(&kv.0)?, gather(&kv.1)?);
+            let len = self.len;
+            let (k, v) = (
+                select_buffer_rows(&kv.0, rows, ids.as_deref(), len)?,
+                select_buffer_rows(&kv.1, rows, ids.as_deref(), len)?,
+            );
             self.buffers = Some(Arc::new((k, v)));
         }
         Ok(())
+    }
+}
+
+/// Rows `rows` of a `(B, H, capacity, head_dim)` buffer whose first `len` positions are valid:
+/// on the CPU with the row ids `ids` read to the host, [`gather_rows_cpu`]; otherwise candle's
+/// `index_select`.
+fn select_buffer_rows(
+    buf: &Tensor,
+    rows: &Tensor,
+    ids: Option<&[u32]>,
+    len: usize,
+) -> candle::Result<Tensor> {
+    let buf = buf.contiguous()?;
+    let gathered = match ids {
+        Some(ids) => gather_rows_cpu(&buf, ids, len)?,
+        None => None,
+    };
+    match gathered {
+        Some(gathered) => Ok(gathered),
+        None => buf.index_select(rows, 0),
     }
 }
 
@@ -287,9 +300,13 @@ impl CrossAttentionCache {
                 memory.dims()
             )
         }
+        // Every position is valid here, so the CPU gather copies each kept row once
+        // (`index_select` zeroes the output first: a bulk run drops finished sentences often).
+        let ids = host_row_ids(rows)?;
+        let len = k.dim(2)?;
         self.kv = Some((
-            k.contiguous()?.index_select(rows, 0)?,
-            v.contiguous()?.index_select(rows, 0)?,
+            select_buffer_rows(k, rows, ids.as_deref(), len)?,
+            select_buffer_rows(v, rows, ids.as_deref(), len)?,
         ));
         self.memory = Some((memory.id(), memory.dims().to_vec()));
         Ok(())

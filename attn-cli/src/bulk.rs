@@ -33,12 +33,22 @@ pub const MAX_LINE_BYTES: usize = 1 << 20;
 /// The most bytes of text a window holds (with at most `window` lines).
 pub const WINDOW_BYTES: usize = 16 << 20;
 
+/// The most decoder rows (lines × beams) in one batch, whatever the token budget allows.
+/// Every row holds its self- and cross-attention caches (and beam search copies them at each
+/// step) and a step's log-probabilities (232 KB a row for a 58,101-token vocabulary): the
+/// short lines of a window would otherwise make batches of a thousand rows, 1.2–1.6 GB
+/// resident for a 282 MB opus-mt model at beam 4. Past a few hundred rows a step is
+/// compute-bound, so the cap costs no throughput.
+pub const MAX_BATCH_ROWS: usize = 256;
+
 /// A model the bulk path can drive: text to ids, ids to hypotheses, hypotheses to text.
 pub trait Engine {
     /// The ids of `text` as the model reads it, or why it cannot take it.
     fn encode(&self, text: &str) -> candle::Result<Vec<u32>>;
     /// One padded batch; one result per row, each its hypotheses best first.
     fn generate(&self, batch: &[Vec<u32>]) -> candle::Result<Vec<candle::Result<Vec<Hypothesis>>>>;
+    /// Decoder rows per line: the beam width.
+    fn rows_per_line(&self) -> usize;
     /// The text of a hypothesis.
     fn decode(&self, hypothesis: &Hypothesis) -> candle::Result<String>;
     /// Where a hypothesis generated from `source_ids` looked: the last decoder layer's
@@ -57,6 +67,10 @@ impl Engine for MarianTranslator {
 
     fn generate(&self, batch: &[Vec<u32>]) -> candle::Result<Vec<candle::Result<Vec<Hypothesis>>>> {
         self.generate_encoded(batch)
+    }
+
+    fn rows_per_line(&self) -> usize {
+        self.generation_config().num_beams.unwrap_or(1).max(1)
     }
 
     fn decode(&self, hypothesis: &Hypothesis) -> candle::Result<String> {
@@ -79,6 +93,10 @@ impl Engine for MultilingualTranslator {
 
     fn generate(&self, batch: &[Vec<u32>]) -> candle::Result<Vec<candle::Result<Vec<Hypothesis>>>> {
         self.generate_encoded(batch)
+    }
+
+    fn rows_per_line(&self) -> usize {
+        self.generation_config().num_beams.unwrap_or(1).max(1)
     }
 
     fn decode(&self, hypothesis: &Hypothesis) -> candle::Result<String> {
@@ -370,7 +388,8 @@ pub fn translate(
                 },
             }
         }
-        // Shortest first; batches within the token budget.
+        // Shortest first; batches within the token budget and the row cap (at least one line).
+        let rows_per_line = engine.rows_per_line();
         todo.sort_by_key(|(i, ids)| (ids.len(), *i));
         let mut written = 0;
         let mut start = 0;
@@ -378,6 +397,7 @@ pub fn translate(
             if start < todo.len() {
                 let mut end = start + 1;
                 while end < todo.len()
+                    && (end + 1 - start) * rows_per_line <= MAX_BATCH_ROWS
                     && (end + 1 - start) * todo[end].1.len() <= options.max_batch_tokens
                 {
                     end += 1;
@@ -452,8 +472,13 @@ mod tests {
     use super::*;
 
     /// "Translates" by reversing the ids; fails on texts that say "fail", and fails a whole
-    /// batch that holds one, as a model error would.
-    struct Reverse;
+    /// batch that holds one, as a model error would. Decodes `beams` rows per line and
+    /// records the largest batch it was given.
+    #[derive(Default)]
+    struct Reverse {
+        beams: usize,
+        largest_batch: std::cell::Cell<usize>,
+    }
 
     impl Engine for Reverse {
         fn encode(&self, text: &str) -> candle::Result<Vec<u32>> {
@@ -466,6 +491,8 @@ mod tests {
             &self,
             batch: &[Vec<u32>],
         ) -> candle::Result<Vec<candle::Result<Vec<Hypothesis>>>> {
+            self.largest_batch
+                .set(self.largest_batch.get().max(batch.len()));
             let bad = |ids: &Vec<u32>| {
                 String::from_utf8_lossy(&ids.iter().map(|&b| b as u8).collect::<Vec<_>>())
                     .contains("fail")
@@ -498,6 +525,9 @@ mod tests {
                 })
                 .collect())
         }
+        fn rows_per_line(&self) -> usize {
+            self.beams.max(1)
+        }
         fn decode(&self, h: &Hypothesis) -> candle::Result<String> {
             Ok(h.tokens[1..].iter().map(|&b| b as u8 as char).collect())
         }
@@ -521,10 +551,18 @@ mod tests {
     }
 
     fn run(input: &[u8], options: &Options) -> (String, Vec<(usize, String)>, Summary) {
+        run_with(&Reverse::default(), input, options)
+    }
+
+    fn run_with(
+        engine: &Reverse,
+        input: &[u8],
+        options: &Options,
+    ) -> (String, Vec<(usize, String)>, Summary) {
         let mut out = Vec::new();
         let mut failures = Vec::new();
         let summary = translate(
-            &Reverse,
+            engine,
             input,
             &mut out,
             options,
@@ -562,6 +600,29 @@ mod tests {
             assert!(failures[1].1.contains("ran past"));
             assert!(failures[2].1.contains("UTF-8"));
             assert_eq!((summary.lines, summary.failed), (8, 3));
+        }
+    }
+
+    /// However many short lines the token budget would take, a batch holds at most
+    /// MAX_BATCH_ROWS decoder rows (lines × beams), and every line still comes back in order.
+    #[test]
+    fn batches_hold_at_most_max_batch_rows_rows() {
+        let lines: Vec<String> = (0..1000).map(|i| format!("{i}")).collect();
+        let input = lines.join("\n");
+        let want: String = lines
+            .iter()
+            .map(|l| format!("{}\n", l.chars().rev().collect::<String>()))
+            .collect();
+        for beams in [1, 4, 300] {
+            let engine = Reverse {
+                beams,
+                ..Reverse::default()
+            };
+            let (out, failures, _) = run_with(&engine, input.as_bytes(), &text(1000, 1 << 30));
+            assert_eq!(out, want, "beams {beams}");
+            assert!(failures.is_empty());
+            let largest = engine.largest_batch.get();
+            assert_eq!(largest, (MAX_BATCH_ROWS / beams).max(1), "beams {beams}");
         }
     }
 
