@@ -1,7 +1,9 @@
 //! M2M100 (NLLB-200 dense) and mBART against transformers 5.24: logits and encoder states of
 //! padded batches (right and left padding), `generate()` sequences (greedy and beam 4) on the
 //! same batches, M2M100's sinusoidal table, and the refusals (unknown `model_type`, unknown
-//! config key, missing tensor). Fixtures: tests/fixtures/make_multilingual_model_fixtures.py.
+//! config key, missing tensor). Fixtures: tests/fixtures/make_multilingual_model_fixtures.py;
+//! the trained text-to-text directories of tests/fixtures/make_multilingual_e2e_fixtures.py
+//! through `MultilingualTranslator` (ids and sequences).
 
 use candle::{DType, Device, Tensor};
 use candle_attention::generation::{generate_padded, GenerationConfig};
@@ -9,6 +11,7 @@ use candle_attention::models::encoder_decoder::{m2m100_position_ids, m2m100_posi
 use candle_attention::models::family_config::FamilyConfig;
 use candle_attention::models::m2m100::M2M100;
 use candle_attention::models::mbart::MBART;
+use candle_attention::models::multilingual_translator::MultilingualTranslator;
 use candle_attention::models::seq2seq::{Family, Seq2SeqModel};
 use candle_attention::TensorFile;
 use std::path::{Path, PathBuf};
@@ -387,5 +390,80 @@ fn half_precision_weights_load_and_compute_in_f32() {
         let d = max_abs_diff(&logits, &want);
         println!("{dtype:?} weights: logits within {d:.2e}");
         assert!(d <= tol, "{dtype:?}: {d}");
+    }
+}
+
+/// The trained text-to-text directories of tests/fixtures/multilingual_e2e (NLLB-200 on
+/// M2M100, mBART-50; tiny models trained on a copy task by
+/// tests/fixtures/make_multilingual_e2e_fixtures.py): through [`MultilingualTranslator`] the
+/// padded batch of texts in several scripts encodes to transformers' ids and generates its
+/// sequences exactly, greedy and beam 4 (attn-cli/tests/multilingual_cli.rs checks the texts).
+#[test]
+fn trained_e2e_directories_encode_and_generate_as_transformers() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/multilingual_e2e");
+    for family in ["nllb", "mbart50"] {
+        let dir = root.join(family);
+        let expected: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap())
+                .unwrap();
+        let texts: Vec<&str> = expected["texts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap())
+            .collect();
+        let as_rows = |v: &serde_json::Value, pad: u32| -> Vec<Vec<u32>> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|row| {
+                    let mut row: Vec<u32> = row
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.as_u64().unwrap() as u32)
+                        .collect();
+                    while row.len() > 1 && row.last() == Some(&pad) {
+                        row.pop();
+                    }
+                    row
+                })
+                .collect()
+        };
+        for case in expected["cases"].as_array().unwrap() {
+            let (src, tgt) = (
+                case["source_lang"].as_str().unwrap(),
+                case["target_lang"].as_str().unwrap(),
+            );
+            let beams = case["beams"].as_u64().unwrap() as usize;
+            let max_new = case["max_new_tokens"].as_u64().unwrap() as usize;
+            let t = MultilingualTranslator::from_dir(&dir, src, tgt, &Device::Cpu).unwrap();
+            let cfg = t
+                .generation_config()
+                .clone()
+                .with_num_beams(beams)
+                .with_max_new_tokens(max_new);
+            let t = t.with_generation_config(cfg);
+            let pad = t.tokenizer().pad_id();
+            let what = format!("{family} {src} -> {tgt}, {beams} beam(s)");
+            let encoded: Vec<Vec<u32>> = texts.iter().map(|s| t.encode(s).unwrap()).collect();
+            assert_eq!(encoded, as_rows(&case["input_ids"], pad), "{what}: ids");
+            let best: Vec<_> = t
+                .generate_encoded(&encoded)
+                .unwrap()
+                .into_iter()
+                .map(|h| h.unwrap().swap_remove(0))
+                .collect();
+            let got: Vec<Vec<u32>> = best.iter().map(|h| h.tokens.clone()).collect();
+            assert_eq!(got, as_rows(&case["sequences"], pad), "{what}: sequences");
+            let decoded: Vec<String> = best.iter().map(|h| t.decode(h).unwrap()).collect();
+            let want: Vec<&str> = case["translations"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_str().unwrap())
+                .collect();
+            assert_eq!(decoded, want, "{what}: texts");
+        }
     }
 }

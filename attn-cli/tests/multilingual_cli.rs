@@ -343,8 +343,9 @@ fn without_generation_config_the_family_defaults_apply() {
 /// that holds a tokenizer and a model of its family (NLLB-200 on M2M100, mBART-50), equal to
 /// transformers' `tokenizer(texts, padding=True)` → `generate(forced_bos_token_id=…)` →
 /// `batch_decode(skip_special_tokens=True)`, greedy and beam 4, for two language pairs
-/// (fixtures: tests/fixtures/make_multilingual_e2e_fixtures.py; random models, so the texts
-/// are not translations, but every id of the pipeline is checked through them).
+/// (fixtures: tests/fixtures/make_multilingual_e2e_fixtures.py: tiny models trained on a copy
+/// task, so the output depends on the input and mostly reproduces it; the texts are a padded
+/// batch of different lengths in Latin with diacritics, Cyrillic, CJK and Arabic).
 #[test]
 fn translate_with_source_and_target_languages_is_transformers_text_to_text() {
     for family in ["nllb", "mbart50"] {
@@ -364,6 +365,7 @@ fn translate_with_source_and_target_languages_is_transformers_text_to_text() {
                 case["target_lang"].as_str().unwrap(),
             );
             let beams = case["beams"].as_u64().unwrap().to_string();
+            let max_new = case["max_new_tokens"].as_u64().unwrap().to_string();
             let mut args = vec![
                 "translate",
                 "--model",
@@ -375,7 +377,7 @@ fn translate_with_source_and_target_languages_is_transformers_text_to_text() {
                 "--beam",
                 &beams,
                 "--max-new-tokens",
-                "10",
+                &max_new,
             ];
             args.extend(texts.iter().map(String::as_str));
             let got = ok(&args);
