@@ -18,42 +18,34 @@ pub(crate) fn greedy<M: StepDecoder>(
 ) -> Result<Vec<Vec<Hypothesis>>> {
     let mut seqs: Vec<Vec<u32>> = vec![vec![cfg.start]; batch];
     let mut sums = vec![0f32; batch];
-    // `rows[row]`: the batch item each row of the state decodes, and whether it is still
-    // generating. transformers keeps feeding finished rows padding to the end, which changes
-    // nothing else; here they are dropped from the state, in groups (see
-    // [`drop_finished_rows_now`]). Until then a finished row is fed its EOS again and its
-    // output is never read.
-    let mut rows: Vec<(usize, bool)> = (0..batch).map(|item| (item, true)).collect();
+    // `active[row]`: the batch item of each row of the state. Rows that emitted EOS are
+    // dropped; transformers keeps feeding them padding, which changes nothing else.
+    let mut active: Vec<usize> = (0..batch).collect();
     let mut vocab = None;
     let mut cur_len = 1;
-    while rows.iter().any(|&(_, live)| live) && cur_len < cfg.max_length {
-        let feed: Vec<u32> = rows
-            .iter()
-            .map(|&(item, _)| *seqs[item].last().unwrap())
-            .collect();
+    while !active.is_empty() && cur_len < cfg.max_length {
+        let feed: Vec<u32> = active.iter().map(|&i| *seqs[i].last().unwrap()).collect();
         let step = fetch_step(model, state, &feed, &mut vocab, cfg)?;
-        for (row, (item, live)) in rows.iter_mut().enumerate() {
-            if !*live {
-                continue;
-            }
+        let mut keep = Vec::with_capacity(active.len());
+        for (row, &item) in active.iter().enumerate() {
             let mut scores = step.row(row).to_vec();
-            process(cfg, &seqs[*item], &mut scores);
+            process(cfg, &seqs[item], &mut scores);
             let token = argmax(&scores) as u32;
-            sums[*item] += scores[token as usize];
-            seqs[*item].push(token);
-            *live = !cfg.eos.contains(&token);
+            sums[item] += scores[token as usize];
+            seqs[item].push(token);
+            if !cfg.eos.contains(&token) {
+                keep.push(row as u32);
+            }
         }
         cur_len += 1;
         if cur_len >= cfg.max_length {
             break;
         }
-        let finished = rows.iter().filter(|&&(_, live)| !live).count();
-        if finished < rows.len() && drop_finished_rows_now(finished, rows.len()) {
-            let keep: Vec<u32> = (0..rows.len() as u32)
-                .filter(|&r| rows[r as usize].1)
-                .collect();
-            rows.retain(|&(_, live)| live);
-            reorder_unless_identity(model, state, &keep, feed.len())?;
+        if keep.len() < active.len() {
+            active = keep.iter().map(|&r| active[r as usize]).collect();
+            if !active.is_empty() {
+                reorder_unless_identity(model, state, &keep, feed.len())?;
+            }
         }
     }
     Ok(seqs
@@ -70,22 +62,4 @@ pub(crate) fn greedy<M: StepDecoder>(
             }]
         })
         .collect())
-}
-
-/// Whether `finished` of the state's `rows` rows (some still generating) are dropped now.
-/// Dropping rows copies every layer's self- and cross-attention cache of the rows kept, which
-/// costs about as much as a step's attention; keeping a finished row costs its share of every
-/// step. Finished rows are dropped once they are at least 1/[`DROP_FRACTION`] of the state,
-/// which on a bulk run (batches of about 80 sentences that end a few steps apart) trades a
-/// copy per finished sentence for one per few steps.
-fn drop_finished_rows_now(finished: usize, rows: usize) -> bool {
-    finished > 0 && finished * drop_fraction() >= rows
-}
-
-const DROP_FRACTION: usize = 16;
-fn drop_fraction() -> usize {
-    std::env::var("ATTN_DROP_FRACTION")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(DROP_FRACTION)
 }

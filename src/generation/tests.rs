@@ -109,32 +109,6 @@ fn greedy_pads_finished_rows_and_drops_them_from_the_state() {
     assert_eq!(ids, vec![S, A, EOS, S, S, S, A, A, B, EOS]);
 }
 
-/// A finished row stays in the state, fed its EOS, until the finished rows are 1/16 of the
-/// state; then they all leave in one reorder. The sequences are what each item gives alone.
-#[test]
-fn greedy_drops_finished_rows_in_groups() {
-    let model = PrefixModel::new(
-        &[
-            (0, &[S], [-0.1, -1.0, -2.0, -9.0]),
-            (1, &[S, A], [-0.1, -1.0, -2.0, -9.0]),
-        ],
-        [-3.0, -0.5, -1.0, -9.0],
-    );
-    let cfg = config("").with_max_new_tokens(4);
-    let seqs = run(&model, 20, &cfg);
-    assert_eq!(seqs[0], vec![S, EOS]);
-    assert_eq!(seqs[1], vec![S, A, EOS]);
-    for seq in &seqs[2..] {
-        assert_eq!(seq, &vec![S, A, A, A, A]);
-    }
-    // One finished row of 20 stays (1/20 < 1/16); two leave together.
-    assert_eq!(*model.fed.borrow(), vec![20, 20, 18, 18]);
-    assert_eq!(
-        *model.reorders.borrow(),
-        vec![(2..20).collect::<Vec<u32>>()]
-    );
-}
-
 #[test]
 fn greedy_length_limits() {
     let model = PrefixModel::new(
