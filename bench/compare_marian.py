@@ -177,8 +177,10 @@ def ours_isa(attn):
         return "?"
 
 
-def time_transformers(model, ids, mask, beams, new_tokens, runs, warmup):
-    kw = dict(num_beams=beams, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+def time_transformers(model, ids, mask, beams, new_tokens, runs, warmup, **generate_kwargs):
+    """Median and min wall seconds, median CPU seconds and the sequences of `generate()` with
+    exactly `new_tokens` new tokens (`generate_kwargs` go to `generate()` as well)."""
+    kw = dict(num_beams=beams, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **generate_kwargs)
     with torch.no_grad():
         for _ in range(warmup):
             model.generate(input_ids=ids, attention_mask=mask, **kw)
@@ -215,10 +217,13 @@ def run_ours_once(cmd, env):
     return secs, usage.ru_utime + usage.ru_stime, rss
 
 
-def time_ours(attn, model_dir, in_path, out_path, beams, new_tokens, runs, warmup, threads):
+def time_ours(attn, model_dir, in_path, out_path, beams, new_tokens, runs, warmup, threads, extra_args=()):
+    """The whole `attn generate` process (`extra_args` appended): median and min wall seconds,
+    median CPU seconds, peak RSS in MiB and the sequences it wrote."""
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
     cmd = [attn, "generate", "--model", str(model_dir), "--inputs", str(in_path), "--output", str(out_path),
-           "--beams", str(beams), "--max-new-tokens", str(new_tokens), "--min-new-tokens", str(new_tokens)]
+           "--beams", str(beams), "--max-new-tokens", str(new_tokens), "--min-new-tokens", str(new_tokens),
+           *extra_args]
     for _ in range(warmup):
         run_ours_once(cmd, env)
     secs, cpu, rss = [], [], []

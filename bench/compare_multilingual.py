@@ -94,7 +94,6 @@ import json
 import os
 import re
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -108,7 +107,9 @@ reexec_with_isa_limits()
 
 import torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+# The timing and checking half is compare_marian's (the same CLI contract).
+from compare_marian import compare, ours_isa, time_ours, time_transformers  # noqa: E402
 
 SETTINGS = {"b1_greedy": (1, 1), "b8_greedy": (8, 1), "b8_beam4": (8, 4)}
 BOS, PAD, EOS, DECODER_START = 0, 1, 2, 2
@@ -211,90 +212,6 @@ def measure_bandwidth(path, threads):
     return float(m.group(1))
 
 
-def ours_isa(attn):
-    """What `attn --version` says about the CPU and the kernels' level."""
-    try:
-        out = subprocess.run([attn, "--version"], check=True, capture_output=True, text=True).stdout
-        return " ".join(out.split()[1:]) or "?"
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-
-
-def time_transformers(model, ids, mask, beams, new_tokens, forced_bos, runs, warmup):
-    kw = dict(num_beams=beams, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-              forced_bos_token_id=forced_bos)
-    with torch.no_grad():
-        for _ in range(warmup):
-            model.generate(input_ids=ids, attention_mask=mask, **kw)
-        secs, cpu = [], []
-        for _ in range(runs):
-            t, c = time.perf_counter(), time.process_time()
-            out = model.generate(input_ids=ids, attention_mask=mask, **kw)
-            secs.append(time.perf_counter() - t)
-            cpu.append(time.process_time() - c)
-    return statistics.median(secs), min(secs), statistics.median(cpu), out
-
-
-def run_ours_once(cmd, env):
-    """Run one process; return (wall seconds, CPU seconds, peak RSS in MiB).
-
-    Linux keeps a process's peak RSS across exec, so a child forked from this (large) Python
-    process would report Python's RSS as its own; /usr/bin/time forks from a small process and
-    reports the command's own peak (`%M`, KiB). Without it, wait4's figure is an upper bound."""
-    timer = ["/usr/bin/time", "-f", "%M"] if os.path.exists("/usr/bin/time") else []
-    with tempfile.TemporaryFile() as err:  # a file, not a pipe: a chatty child cannot block
-        t = time.perf_counter()
-        proc = subprocess.Popen(timer + cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
-        # wait4 gives this child's own rusage (RUSAGE_CHILDREN would be the max over all children)
-        _, status, usage = os.wait4(proc.pid, 0)
-        secs = time.perf_counter() - t
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        err.seek(0)
-        text = err.read().decode(errors="replace")
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{text[-4000:]}")
-    rss = usage.ru_maxrss / 1024.0
-    if timer:
-        rss = int(text.strip().splitlines()[-1]) / 1024.0
-    return secs, usage.ru_utime + usage.ru_stime, rss
-
-
-def ours_cmd(attn, model_dir, in_path, out_path, beams, new_tokens, forced_bos):
-    return [attn, "generate", "--model", str(model_dir), "--inputs", str(in_path), "--output", str(out_path),
-            "--beams", str(beams), "--max-new-tokens", str(new_tokens), "--min-new-tokens", str(new_tokens),
-            "--forced-bos-token-id", str(forced_bos)]
-
-
-def time_ours(cmd, out_path, runs, warmup, threads):
-    env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
-    for _ in range(warmup):
-        run_ours_once(cmd, env)
-    secs, cpu, rss = [], [], []
-    for _ in range(runs):
-        s, c, r = run_ours_once(cmd, env)
-        secs.append(s)
-        cpu.append(c)
-        rss.append(r)
-    out = load_file(str(out_path))
-    if "sequences" not in out:
-        raise RuntimeError(f"{out_path} has no `sequences` (tensors: {sorted(out)})")
-    return statistics.median(secs), min(secs), statistics.median(cpu), max(rss), out["sequences"]
-
-
-def compare(theirs, ours):
-    """None when equal, else a description of the first difference."""
-    if ours.dtype != torch.int64:
-        return f"ours has dtype {ours.dtype}, expected int64"
-    if tuple(ours.shape) != tuple(theirs.shape):
-        return f"shape differs: transformers {tuple(theirs.shape)}, ours {tuple(ours.shape)}"
-    diff = (ours != theirs).nonzero()
-    if len(diff) == 0:
-        return None
-    r, t = (int(x) for x in diff[0])
-    return (f"{len(diff)} tokens differ; first at row {r} position {t}: transformers "
-            f"{int(theirs[r, t])}, ours {int(ours[r, t])}")
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--attn", default=str(Path(__file__).resolve().parent.parent / "target" / "release" / "attn"))
@@ -367,7 +284,7 @@ def main():
             tokens = batch * a.new_tokens
             t_setting = time.perf_counter()
             hf_med, hf_min, hf_cpu, hf_seq = time_transformers(model, ids, mask, beams, a.new_tokens,
-                                                               forced_bos, a.runs, a.warmup)
+                                                               a.runs, a.warmup, forced_bos_token_id=forced_bos)
             hf_wall = time.perf_counter() - t_setting
             expect_len = 1 + a.new_tokens
             if hf_seq.shape != (batch, expect_len):
@@ -387,8 +304,9 @@ def main():
             }
             if not a.skip_ours:
                 t_ours = time.perf_counter()
-                cmd = ours_cmd(a.attn, model_dir, in_path, out_path, beams, a.new_tokens, forced_bos)
-                o_med, o_min, o_cpu, rss, o_seq = time_ours(cmd, out_path, a.runs, a.warmup, a.threads)
+                forced = ["--forced-bos-token-id", str(forced_bos)]
+                o_med, o_min, o_cpu, rss, o_seq = time_ours(a.attn, model_dir, in_path, out_path, beams,
+                                                            a.new_tokens, a.runs, a.warmup, a.threads, forced)
                 mismatch = compare(hf_seq, o_seq)
                 row.update({
                     "ours_s": o_med, "ours_min_s": o_min, "ours_cpu_s": o_cpu, "ours_tok_s": tokens / o_med,
@@ -400,8 +318,8 @@ def main():
                     print(f"{name}: sequences differ: {mismatch}", file=sys.stderr)
                 if name == "b1_greedy" and want_step:
                     one_path = Path(tmp) / f"{name}.one.safetensors"
-                    cmd1 = ours_cmd(a.attn, model_dir, in_path, one_path, beams, 1, forced_bos)
-                    one_med, _, _, _, _ = time_ours(cmd1, one_path, a.runs, 0, a.threads)
+                    one_med, _, _, _, _ = time_ours(a.attn, model_dir, in_path, one_path, beams, 1, a.runs, 0,
+                                                    a.threads, forced)
                     step_s = (o_med - one_med) / (a.new_tokens - 1)
                     row.update({"ours_one_token_s": one_med, "ours_step_ms": step_s * 1e3,
                                 "step_bytes": step_b, "step_bytes_parts": step_parts})
