@@ -14,7 +14,7 @@ seconds=${1:-600}
 shift || true
 targets=("$@")
 if [[ ${#targets[@]} -eq 0 ]]; then
-  targets=(load_weights run_inputs masks tokenizer spm_model hub_config marian_tokenizer pth_reader)
+  targets=(load_weights run_inputs masks tokenizer spm_model hub_config marian_tokenizer pth_reader multilingual_hub)
 fi
 mkdir -p logs
 cargo +nightly fuzz build -O

@@ -13,6 +13,8 @@ mod load_weights;
 mod marian_tokenizer;
 #[path = "../fuzz/checks/masks.rs"]
 mod masks;
+#[path = "../fuzz/checks/multilingual_hub.rs"]
+mod multilingual_hub;
 #[path = "../fuzz/checks/pth_reader.rs"]
 mod pth_reader;
 #[path = "../fuzz/checks/spm_model.rs"]
@@ -39,6 +41,11 @@ fn spm_model_inputs() {
 #[test]
 fn hub_config_inputs() {
     assert!(replay("hub_config", hub_config::check) >= 8);
+}
+
+#[test]
+fn multilingual_hub_inputs() {
+    assert!(replay("multilingual_hub", multilingual_hub::check) >= 12);
 }
 
 #[test]
