@@ -270,49 +270,29 @@ mod tests {
             ("b", -10.0, Normal),
             ("c", -10.0, Normal),
         ];
+        // a, b, c and the two merges "ab" and "bc" with the given scores.
+        let abc_model = |ab: f32, bc: f32| {
+            model(&[
+                chars[0],
+                chars[1],
+                chars[2],
+                ("ab", ab, Normal),
+                ("bc", bc, Normal),
+            ])
+        };
         // "bc" scores higher than "ab": it goes first although "ab" is further left.
-        let m = model(&[
-            chars[0],
-            chars[1],
-            chars[2],
-            ("ab", -2.0, Normal),
-            ("bc", -1.0, Normal),
-        ]);
+        let m = abc_model(-2.0, -1.0);
         assert_eq!(pieces(&m, "abc"), ["a", "bc"]);
         // Equal scores: the leftmost pair goes first.
-        let m = model(&[
-            chars[0],
-            chars[1],
-            chars[2],
-            ("ab", -1.0, Normal),
-            ("bc", -1.0, Normal),
-        ]);
+        let m = abc_model(-1.0, -1.0);
         assert_eq!(pieces(&m, "abc"), ["ab", "c"]);
         assert_eq!(pieces(&m, "abcabc"), ["ab", "c", "ab", "c"]);
         // The total order: -0.0 < 0.0, NaN above everything, -NaN below.
-        let m = model(&[
-            chars[0],
-            chars[1],
-            chars[2],
-            ("ab", -0.0, Normal),
-            ("bc", 0.0, Normal),
-        ]);
+        let m = abc_model(-0.0, 0.0);
         assert_eq!(pieces(&m, "abc"), ["a", "bc"]);
-        let m = model(&[
-            chars[0],
-            chars[1],
-            chars[2],
-            ("ab", -5.0, Normal),
-            ("bc", f32::NAN, Normal),
-        ]);
+        let m = abc_model(-5.0, f32::NAN);
         assert_eq!(pieces(&m, "abc"), ["a", "bc"]);
-        let m = model(&[
-            chars[0],
-            chars[1],
-            chars[2],
-            ("ab", -5.0, Normal),
-            ("bc", -f32::NAN, Normal),
-        ]);
+        let m = abc_model(-5.0, -f32::NAN);
         assert_eq!(pieces(&m, "abc"), ["ab", "c"]);
         // Merges build on merges.
         let m = model(&[
