@@ -214,6 +214,83 @@ fn a_forked_decoder_cache_decodes_independently() {
     }
 }
 
+/// Groups of rows sharing one memory row (the beams of a sentence) decode as rows with their
+/// own copy of it: the same outputs through steps, reorders inside the groups (in place) and
+/// a dropped group (rows shifting down), with key padding on the memory.
+#[test]
+fn rows_sharing_a_memory_row_decode_as_rows_with_their_own() {
+    let dev = Device::Cpu;
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+    let mut cfg = TransformerConfig::new(16, 4);
+    cfg.num_decoder_layers = 2;
+    let decoder = TransformerDecoder::new(&cfg, vb.pp("dec"), true).unwrap();
+    let (sentences, beams, s) = (3usize, 3usize, 5usize);
+    let memory = Tensor::randn(0f32, 1., (sentences, s, 16), &dev).unwrap();
+    let padding =
+        Tensor::new(&[[0u8, 0, 0, 1, 1], [0, 0, 0, 0, 0], [0, 0, 1, 1, 1]], &dev).unwrap();
+    let u32s = |v: &[u32]| Tensor::new(v, &dev).unwrap();
+    // Row r of the expanded decode reads memory row r / beams.
+    let per_row: Vec<u32> = (0..sentences * beams).map(|r| (r / beams) as u32).collect();
+    let mut expanded_memory = memory.index_select(&u32s(&per_row), 0).unwrap();
+    let mut expanded_padding = padding.index_select(&u32s(&per_row), 0).unwrap();
+    let (mut shared_memory, mut shared_padding) = (memory.clone(), padding.clone());
+    let (mut shared, mut expanded) = (DecoderCache::default(), DecoderCache::default());
+    let mut rows = sentences * beams;
+    // Reorders inside the groups; then the middle sentence is dropped.
+    let reorders: [(&[u32], &[u32]); 3] = [
+        (&[0, 0, 2, 3, 5, 5, 6, 7, 6], &[0, 1, 2]),
+        (&[1, 1, 1, 3, 4, 3, 8, 6, 7], &[0, 1, 2]),
+        (&[2, 0, 1, 6, 7, 7], &[0, 2]),
+    ];
+    for step in 0..=reorders.len() {
+        let x = Tensor::randn(0f32, 1., (rows, 1, 16), &dev).unwrap();
+        let masks = |p| DecoderMasks {
+            memory_key_padding_mask: Some(p),
+            ..Default::default()
+        };
+        let got = decoder
+            .forward_cached(&x, &shared_memory, &masks(&shared_padding), &mut shared)
+            .unwrap();
+        let want = decoder
+            .forward_cached(
+                &x,
+                &expanded_memory,
+                &masks(&expanded_padding),
+                &mut expanded,
+            )
+            .unwrap();
+        let diff = max_abs_diff(&got, &want);
+        assert!(diff <= 1e-5, "step {step}: {diff}");
+        let Some(&(row_ids, memory_ids)) = reorders.get(step) else {
+            break;
+        };
+        rows = row_ids.len();
+        shared_memory = shared_memory.index_select(&u32s(memory_ids), 0).unwrap();
+        shared_padding = shared_padding.index_select(&u32s(memory_ids), 0).unwrap();
+        shared
+            .select_rows_shared_memory(&u32s(row_ids), &u32s(memory_ids), &shared_memory)
+            .unwrap();
+        expanded_memory = expanded_memory.index_select(&u32s(row_ids), 0).unwrap();
+        expanded_padding = expanded_padding.index_select(&u32s(row_ids), 0).unwrap();
+        expanded
+            .select_rows(&u32s(row_ids), &expanded_memory)
+            .unwrap();
+    }
+    // A memory mask cannot be shared by groups of rows: refused, with the counts.
+    let x = Tensor::randn(0f32, 1., (rows, 1, 16), &dev).unwrap();
+    let masks = DecoderMasks {
+        memory_mask: Mask::additive(Tensor::zeros((1, 5), DType::F32, &dev).unwrap()).unwrap(),
+        memory_key_padding_mask: Some(&shared_padding),
+        ..Default::default()
+    };
+    let err = decoder
+        .forward_cached(&x, &shared_memory, &masks, &mut shared)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("share 2 memory rows"), "{err}");
+}
+
 #[test]
 fn mask_polarities_agree() {
     let dev = Device::Cpu;

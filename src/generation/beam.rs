@@ -31,6 +31,10 @@
 //!
 //! Items whose result can no longer change ("settled": stop condition met, every slot holding a
 //! finished hypothesis with a real score above `-1e8`) are dropped from the model state.
+//!
+//! Each open item's beams occupy consecutive state rows (so a model can share one encoder
+//! output per item, see `DecodeState`), and a beam stays on its source beam's row where it can
+//! ([`place_beams`]): the reorder after a step then copies only the rows whose beam changed.
 
 use super::config::{EarlyStopping, Resolved};
 use super::hypothesis::{length_normalize, Hypothesis};
@@ -201,13 +205,16 @@ pub(crate) fn beam_search<M: StepDecoder>(
         if open.is_empty() || !improvement_possible || all_full {
             break;
         }
-        let mut rows = Vec::with_capacity(open.len() * nb);
+        let open_items = open.len();
+        let mut rows = vec![0u32; open_items * nb];
         feed.clear();
-        for item in items.iter_mut().filter(|it| !it.settled) {
-            for b in 0..nb {
-                rows.push(item.rows[b] as u32);
-                item.rows[b] = rows.len() - 1;
-                feed.push(*item.running[b].last().unwrap());
+        feed.resize(open_items * nb, 0);
+        for (n, item) in items.iter_mut().filter(|it| !it.settled).enumerate() {
+            let base = n * nb;
+            for (b, offset) in place_beams(&item.rows, base).into_iter().enumerate() {
+                rows[base + offset] = item.rows[b] as u32;
+                feed[base + offset] = *item.running[b].last().unwrap();
+                item.rows[b] = base + offset;
             }
         }
         reorder_unless_identity(model, state, &rows, step.rows)?;
@@ -227,6 +234,28 @@ pub(crate) fn beam_search<M: StepDecoder>(
                 .collect()
         })
         .collect())
+}
+
+/// Where an item's running beams go among its next state rows `base..base + sources.len()`,
+/// given the state row each one continues (`sources`, best beam first): the offset of each
+/// beam. A beam whose source row lies in that range keeps it (the first such beam per source),
+/// so that reordering the state leaves the row where it is; the others take the free rows in
+/// beam order. Which row a beam occupies changes nothing else: rows are decoded independently.
+fn place_beams(sources: &[usize], base: usize) -> Vec<usize> {
+    let nb = sources.len();
+    let mut offsets = vec![usize::MAX; nb];
+    let mut taken = vec![false; nb];
+    for (offset, &src) in offsets.iter_mut().zip(sources) {
+        if let Some(o) = src.checked_sub(base).filter(|&o| o < nb && !taken[o]) {
+            taken[o] = true;
+            *offset = o;
+        }
+    }
+    let mut free = (0..nb).filter(|&o| !taken[o]);
+    for offset in offsets.iter_mut().filter(|o| **o == usize::MAX) {
+        *offset = free.next().expect("as many rows as beams");
+    }
+    offsets
 }
 
 /// One step of one item: `acc` holds the `num_beams * vocab` accumulated scores. Updates the
@@ -344,6 +373,20 @@ mod tests {
         let mut with_nan = long.clone();
         with_nan[700] = f32::NAN;
         assert_eq!(top_k(&with_nan, 3)[0], 700);
+    }
+
+    #[test]
+    fn beams_keep_their_source_rows_where_they_can() {
+        // Beams 0 and 2 continue row 5, beam 1 row 4, beam 3 row 9 (another item's range).
+        assert_eq!(place_beams(&[5, 4, 5, 9], 4), vec![1, 0, 2, 3]);
+        // The first step: every beam continues the item's single row.
+        assert_eq!(place_beams(&[0, 0, 0], 0), vec![0, 1, 2]);
+        assert_eq!(place_beams(&[1, 1, 1], 6), vec![0, 1, 2]);
+        let offsets = place_beams(&[7, 7, 6, 6], 4);
+        let mut sorted = offsets.clone();
+        sorted.sort();
+        assert_eq!(sorted, vec![0, 1, 2, 3]);
+        assert_eq!((offsets[0], offsets[2]), (3, 2));
     }
 
     #[test]

@@ -524,8 +524,9 @@ impl EncoderDecoderModel {
     /// About how many bytes generating `rows` hypotheses (batch × beams) of at most
     /// `max_length` tokens over sources of `source_len` tokens holds at its peak: the decoder's
     /// self-attention caches (keys and values of every layer for every row and position), the
-    /// cross-attention keys and values (per row: every row projects the memory it reads) and
-    /// the step's logits with their host copy. Saturating; what
+    /// cross-attention keys and values (counted per row, an upper bound: the beams of one
+    /// sentence share theirs, see [`DecodeState`]) and the step's logits with their host copy.
+    /// Saturating; what
     /// [`EncoderDecoderModel::check_generation_memory`] compares with the free memory.
     pub fn generation_bytes(&self, rows: usize, source_len: usize, max_length: usize) -> u64 {
         let elem = self.dtype().size_in_bytes().max(4) as u64;
@@ -900,6 +901,7 @@ impl EncoderDecoderModel {
             src_padding: padding,
             cache: DecoderCache::default(),
             sources,
+            group: 1,
         })
     }
 
@@ -944,21 +946,28 @@ impl EncoderDecoderModel {
 
 /// The encoder output and decoder caches of sentences being decoded, one row per hypothesis.
 /// Clones are independent.
+///
+/// Rows that decode the same sentence and sit next to each other in equal-size groups (the
+/// beams of beam search) share one memory row: its encoder output, source padding and the
+/// cross-attention keys and values projected from it are held and read once per group
+/// (see [`TransformerDecoder::forward_cached`]).
 #[derive(Clone, Debug)]
 pub struct DecodeState {
-    /// `(rows, S, d_model)`.
+    /// `(memory rows, S, d_model)`: row `r` reads memory row `r / group`.
     memory: Tensor,
-    /// `(rows, S)` `U8`, 1 = source padding.
+    /// `(memory rows, S)` `U8`, 1 = source padding.
     src_padding: Tensor,
     cache: DecoderCache,
-    /// The source sentence (row of the first state) each row decodes.
+    /// The source sentence (row of the first state) of each memory row.
     sources: Vec<u32>,
+    /// How many consecutive rows share one memory row.
+    group: usize,
 }
 
 impl DecodeState {
     /// Number of rows.
     pub fn rows(&self) -> usize {
-        self.memory.dim(0).unwrap_or(0)
+        self.sources.len() * self.group
     }
 
     /// Target tokens fed so far.
@@ -971,29 +980,64 @@ impl DecodeState {
         self.cache.is_empty()
     }
 
-    /// The encoder output `(rows, S, d_model)`.
+    /// The encoder output `(memory rows, S, d_model)`: one row per group of
+    /// `rows() / memory().dim(0)` consecutive rows, which decode the same sentence.
     pub fn memory(&self) -> &Tensor {
         &self.memory
     }
 
-    /// Keeps rows `rows` (may repeat), in that order. When every new row decodes the same
-    /// source sentence as the row it replaces (beam search reordering hypotheses of one
+    /// Keeps rows `rows` (may repeat), in that order. The memory rows follow: when the new
+    /// rows form equal-size groups of consecutive rows each reading one memory row (beam
+    /// search: the beams of each sentence), a group shares it; otherwise every row gets its
+    /// own. When the memory rows do not change (beam search reordering the hypotheses of each
     /// sentence), the encoder memory and its projections stay where they are and only the
     /// self-attention caches move.
     pub fn select_rows(&mut self, rows: &[u32]) -> candle::Result<()> {
-        let n = self.sources.len();
+        let n = self.rows();
         if let Some(&bad) = rows.iter().find(|&&r| r as usize >= n) {
             candle::bail!("row {bad} does not exist: the decode state has {n} rows")
         }
-        let sources: Vec<u32> = rows.iter().map(|&r| self.sources[r as usize]).collect();
-        let index = Tensor::from_slice(rows, rows.len(), self.memory.device())?;
-        if sources == self.sources {
+        let reads: Vec<u32> = rows.iter().map(|&r| r / self.group as u32).collect();
+        let group = shared_group(&reads);
+        let memory_rows: Vec<u32> = reads.iter().step_by(group).copied().collect();
+        let device = self.memory.device().clone();
+        let index = Tensor::from_slice(rows, rows.len(), &device)?;
+        let unchanged = memory_rows.len() == self.sources.len()
+            && memory_rows
+                .iter()
+                .enumerate()
+                .all(|(i, &m)| m as usize == i);
+        self.group = group;
+        if unchanged {
             return self.cache.select_rows_same_memory(&index);
         }
-        self.memory = self.memory.index_select(&index, 0)?;
-        self.src_padding = self.src_padding.index_select(&index, 0)?;
-        self.sources = sources;
-        self.cache.select_rows(&index, &self.memory)
+        let memory_index = Tensor::from_slice(&memory_rows, memory_rows.len(), &device)?;
+        self.memory = self.memory.index_select(&memory_index, 0)?;
+        self.src_padding = self.src_padding.index_select(&memory_index, 0)?;
+        self.sources = memory_rows
+            .iter()
+            .map(|&m| self.sources[m as usize])
+            .collect();
+        self.cache
+            .select_rows_shared_memory(&index, &memory_index, &self.memory)
+    }
+}
+
+/// The size of the groups of consecutive rows that share one memory row, given the memory row
+/// each row reads: the length of the first run when every chunk of that length reads one
+/// memory row, else 1 (every row its own).
+fn shared_group(reads: &[u32]) -> usize {
+    let first = reads
+        .iter()
+        .take_while(|&&m| Some(&m) == reads.first())
+        .count();
+    let grouped = first > 1
+        && reads.len().is_multiple_of(first)
+        && reads.chunks(first).all(|c| c.iter().all(|&m| m == c[0]));
+    if grouped {
+        first
+    } else {
+        1
     }
 }
 

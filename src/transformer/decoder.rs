@@ -9,6 +9,7 @@ use super::trace::{AttentionTrace, DecoderLayerTrace};
 use crate::kv_cache::{CachedAttentionArgs, CrossAttentionCache, KvCache};
 use crate::mask::Mask;
 use crate::mha::{AttentionArgs, MultiHeadAttention};
+use crate::simd::elementwise::add;
 use crate::weights::WeightSource;
 use candle::{Module, Tensor};
 use candle_nn::VarBuilder;
@@ -62,9 +63,25 @@ impl DecoderCache {
     /// encoder memory reordered the same way (`(rows.len(), S, d_model)`): the cross-attention
     /// caches will hold it from now on.
     pub fn select_rows(&mut self, rows: &Tensor, memory: &Tensor) -> candle::Result<()> {
+        self.select_rows_shared_memory(rows, rows, memory)
+    }
+
+    /// Keeps rows `rows` of the self-attention caches and memory rows `memory_rows` of the
+    /// cross-attention caches (`U32`, in that order), for a decode whose groups of
+    /// `rows.len() / memory_rows.len()` consecutive rows share one memory row (see
+    /// [`TransformerDecoder::forward_cached`]). `memory` `(memory_rows.len(), S, d_model)` is
+    /// the memory reordered the same way: the cross-attention caches will hold it from now on.
+    pub fn select_rows_shared_memory(
+        &mut self,
+        rows: &Tensor,
+        memory_rows: &Tensor,
+        memory: &Tensor,
+    ) -> candle::Result<()> {
+        // In place: a decoder cache hands out no views of its caches (see
+        // `KvCache::select_rows_in_place`).
         for layer in &mut self.layers {
-            layer.self_attn.select_rows(rows)?;
-            layer.cross_attn.select_rows(rows, memory)?;
+            layer.self_attn.select_rows_in_place(rows)?;
+            layer.cross_attn.select_rows_in_place(memory_rows, memory)?;
         }
         Ok(())
     }
@@ -76,7 +93,7 @@ impl DecoderCache {
     /// memory of every layer on every step.
     pub fn select_rows_same_memory(&mut self, rows: &Tensor) -> candle::Result<()> {
         for layer in &mut self.layers {
-            layer.self_attn.select_rows(rows)?;
+            layer.self_attn.select_rows_in_place(rows)?;
         }
         Ok(())
     }
@@ -220,9 +237,9 @@ impl TransformerDecoderLayer {
             dropout(&out, self.dropout, train)
         };
         let x = if self.norm_first {
-            (tgt + self_attention(&self.norm1.forward(tgt)?)?)?
+            add(tgt, &self_attention(&self.norm1.forward(tgt)?)?)?
         } else {
-            self.norm1.forward(&(tgt + self_attention(tgt)?)?)?
+            self.norm1.forward(&add(tgt, &self_attention(tgt)?)?)?
         };
         let mut cross_attention = |x: &Tensor| -> candle::Result<Tensor> {
             let args = AttentionArgs {
@@ -234,8 +251,32 @@ impl TransformerDecoderLayer {
             };
             let out = match cache.as_deref_mut() {
                 Some(cache) => {
-                    self.multihead_attn
-                        .attend_cross(x, memory, &mut cache.cross_attn, &args)?
+                    let (b, t, e) = x.dims3()?;
+                    let m = memory.dim(0)?;
+                    if m == b || m == 0 || !b.is_multiple_of(m) {
+                        self.multihead_attn
+                            .attend_cross(x, memory, &mut cache.cross_attn, &args)?
+                    } else {
+                        // Each group of `b / m` consecutive rows reads one memory row (the
+                        // beams of one sentence): its `b / m · T` queries attend that row's
+                        // keys and values together, read once for the group. Exact: rows of
+                        // a cross-attention never see each other.
+                        if !args.mask.is_none() || args.need_weights {
+                            candle::bail!(
+                                "decoder rows {b} share {m} memory rows, which takes neither a \
+                                 memory_mask nor attention weights (give one memory row per row)"
+                            )
+                        }
+                        let grouped = x.reshape((m, b / m * t, e))?;
+                        let mut out = self.multihead_attn.attend_cross(
+                            &grouped,
+                            memory,
+                            &mut cache.cross_attn,
+                            &args,
+                        )?;
+                        out.output = out.output.reshape((b, t, e))?;
+                        out
+                    }
                 }
                 None => {
                     let out = self.multihead_attn.attend(x, memory, memory, &args)?;
@@ -255,16 +296,16 @@ impl TransformerDecoderLayer {
             dropout(&out.output, self.dropout, train)
         };
         let x = if self.norm_first {
-            (&x + cross_attention(&self.norm2.forward(&x)?)?)?
+            add(&x, &cross_attention(&self.norm2.forward(&x)?)?)?
         } else {
-            self.norm2.forward(&(&x + cross_attention(&x)?)?)?
+            self.norm2.forward(&add(&x, &cross_attention(&x)?)?)?
         };
         let feed_forward =
             |x: &Tensor| dropout(&self.feed_forward.forward(x, train)?, self.dropout, train);
         let out = if self.norm_first {
-            (&x + feed_forward(&self.norm3.forward(&x)?)?)?
+            add(&x, &feed_forward(&self.norm3.forward(&x)?)?)?
         } else {
-            self.norm3.forward(&(&x + feed_forward(&x)?)?)?
+            self.norm3.forward(&add(&x, &feed_forward(&x)?)?)?
         };
         Ok((out, weights))
     }
@@ -422,6 +463,11 @@ impl TransformerDecoder {
     /// further constraints over `(T, cache.len() + T)`, usually none);
     /// `masks.tgt_key_padding_mask`, if any, covers `(B, cache.len() + T)`. Appends to `cache`
     /// and returns `(B, T, d_model)`, equal to the matching rows of a full causal pass.
+    ///
+    /// `memory` `(M, S, d_model)` holds one row per target row (`M = B`) or one per group of
+    /// `B / M` consecutive target rows (the beams of one sentence share their encoder output
+    /// and its projected keys and values; `masks.memory_key_padding_mask` is then `(M, S)` and
+    /// `masks.memory_mask` must be empty).
     pub fn forward_cached(
         &self,
         tgt: &Tensor,

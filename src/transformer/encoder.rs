@@ -7,6 +7,7 @@ use super::norm::LayerNorm;
 use super::trace::AttentionTrace;
 use crate::mask::Mask;
 use crate::mha::{AttentionArgs, MultiHeadAttention};
+use crate::simd::elementwise::add;
 use crate::weights::WeightSource;
 use candle::{Module, ModuleT, Tensor};
 use candle_nn::VarBuilder;
@@ -123,11 +124,11 @@ impl TransformerEncoderLayer {
         let feed_forward =
             |x: &Tensor| dropout(&self.feed_forward.forward(x, train)?, self.dropout, train);
         if self.norm_first {
-            let x = (src + self_attention(&self.norm1.forward(src)?)?)?;
-            &x + feed_forward(&self.norm2.forward(&x)?)?
+            let x = add(src, &self_attention(&self.norm1.forward(src)?)?)?;
+            add(&x, &feed_forward(&self.norm2.forward(&x)?)?)
         } else {
-            let x = self.norm1.forward(&(src + self_attention(src)?)?)?;
-            self.norm2.forward(&(&x + feed_forward(&x)?)?)
+            let x = self.norm1.forward(&add(src, &self_attention(src)?)?)?;
+            self.norm2.forward(&add(&x, &feed_forward(&x)?)?)
         }
     }
 }

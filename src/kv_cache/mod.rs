@@ -18,7 +18,10 @@ use crate::mask::Mask;
 use crate::mha::{AttentionArgs, MultiHeadAttention};
 use crate::sdpa::AttentionOutput;
 use candle::{Tensor, TensorId};
+use rows::{host_row_ids, move_rows_in_place, select_buffer_rows};
 use std::sync::Arc;
+
+mod rows;
 
 /// Keys and values `(B, H, S, head_dim)` of the tokens seen so far by one attention block.
 #[derive(Clone, Debug, Default)]
@@ -137,7 +140,22 @@ impl KvCache {
     }
 
     /// Keeps batch rows `rows` (e.g. the surviving beams), in that order: `(B', H, S, head_dim)`.
+    /// Views handed out before ([`KvCache::keys_values`], [`KvCache::append`]) keep their
+    /// values.
     pub fn select_rows(&mut self, rows: &Tensor) -> candle::Result<()> {
+        self.select(rows, false)
+    }
+
+    /// [`KvCache::select_rows`], moving the rows inside the buffers when this cache is their
+    /// only owner and the moves allow it (see [`rows::move_rows_in_place`]): only the rows
+    /// that change are copied. For a cache that hands out no views that outlive a step (the
+    /// caches inside a [`crate::transformer::DecoderCache`]): a view taken before would see
+    /// the moved rows.
+    pub(crate) fn select_rows_in_place(&mut self, rows: &Tensor) -> candle::Result<()> {
+        self.select(rows, true)
+    }
+
+    fn select(&mut self, rows: &Tensor, in_place: bool) -> candle::Result<()> {
         if let Some(kv) = &self.buffers {
             // The whole buffers, spare capacity included, in one gather each: beam search
             // reorders every step, and the next append must then still fit in place (selecting
@@ -152,6 +170,24 @@ impl KvCache {
                 None
             };
             let len = self.len;
+            if let (true, Some(ids)) = (in_place && Arc::strong_count(kv) == 1, ids.as_deref()) {
+                let moved = (
+                    move_rows_in_place(&kv.0, ids, len)?,
+                    move_rows_in_place(&kv.1, ids, len)?,
+                );
+                match moved {
+                    (Some(k), Some(v)) => {
+                        self.buffers = Some(Arc::new((k, v)));
+                        return Ok(());
+                    }
+                    (None, None) => {}
+                    _ => candle::bail!(
+                        "kv cache: keys {:?} and values {:?} buffers disagree",
+                        kv.0.dims(),
+                        kv.1.dims()
+                    ),
+                }
+            }
             let (k, v) = (
                 select_buffer_rows(&kv.0, rows, ids.as_deref(), len)?,
                 select_buffer_rows(&kv.1, rows, ids.as_deref(), len)?,
@@ -160,83 +196,6 @@ impl KvCache {
         }
         Ok(())
     }
-}
-
-/// Rows `rows` of a `(B, H, capacity, head_dim)` buffer whose first `len` positions are valid:
-/// on the CPU with the row ids `ids` read to the host, [`gather_rows_cpu`]; otherwise candle's
-/// `index_select`.
-fn select_buffer_rows(
-    buf: &Tensor,
-    rows: &Tensor,
-    ids: Option<&[u32]>,
-    len: usize,
-) -> candle::Result<Tensor> {
-    let buf = buf.contiguous()?;
-    let gathered = match ids {
-        Some(ids) => gather_rows_cpu(&buf, ids, len)?,
-        None => None,
-    };
-    match gathered {
-        Some(gathered) => Ok(gathered),
-        None => buf.index_select(rows, 0),
-    }
-}
-
-/// The ids of a `U32` row index `(B')` on the CPU, or `None` for another index (dtype, rank,
-/// device), which the caller leaves to `index_select`.
-fn host_row_ids(rows: &Tensor) -> candle::Result<Option<Vec<u32>>> {
-    if !rows.device().is_cpu() || rows.dtype() != candle::DType::U32 || rows.rank() != 1 {
-        return Ok(None);
-    }
-    rows.to_vec1::<u32>().map(Some)
-}
-
-/// Rows `ids` of a contiguous CPU buffer `(B, H, capacity, head_dim)`, copying only the first
-/// `len` positions of each (row, head) and zero-filling the spare capacity, in one pass; `None`
-/// for anything else (another device, a tensor tracking its gradient, a dtype without a case
-/// here), which the caller gathers with `index_select`. Beam search reorders every step:
-/// candle's `index_select` zeroes the whole output and then copies every position, spare ones
-/// included (5% of a MarianMT beam-search step at 32 rows).
-fn gather_rows_cpu(buf: &Tensor, ids: &[u32], len: usize) -> candle::Result<Option<Tensor>> {
-    use candle::{CpuStorage, Storage};
-    if !buf.device().is_cpu() || buf.track_op() || !buf.is_contiguous() {
-        return Ok(None);
-    }
-    let (b, h, cap, d) = buf.dims4()?;
-    if let Some(&bad) = ids.iter().find(|&&r| r as usize >= b) {
-        candle::bail!("kv cache: row {bad} does not exist, the cache has {b} rows")
-    }
-    let valid = len.min(cap) * d;
-    let (storage, layout) = buf.storage_and_layout();
-    let range = layout.start_offset()..layout.start_offset() + buf.elem_count();
-    let gathered = match &*storage {
-        Storage::Cpu(CpuStorage::F32(s)) => gather(&s[range], ids, (h, cap, d), valid)?,
-        Storage::Cpu(CpuStorage::F16(s)) => gather(&s[range], ids, (h, cap, d), valid)?,
-        Storage::Cpu(CpuStorage::BF16(s)) => gather(&s[range], ids, (h, cap, d), valid)?,
-        Storage::Cpu(CpuStorage::F64(s)) => gather(&s[range], ids, (h, cap, d), valid)?,
-        _ => return Ok(None),
-    };
-    Ok(Some(gathered))
-}
-
-/// [`gather_rows_cpu`] on the elements `src` of a `(B, H, cap, d)` buffer: `(ids.len(), H, cap,
-/// d)`, the first `valid` elements of each (row, head) block copied, the rest zero.
-fn gather<T: candle::WithDType>(
-    src: &[T],
-    ids: &[u32],
-    (h, cap, d): (usize, usize, usize),
-    valid: usize,
-) -> candle::Result<Tensor> {
-    let block = cap * d;
-    let mut out = Vec::with_capacity(ids.len() * h * block);
-    for &r in ids {
-        for head in 0..h {
-            let start = (r as usize * h + head) * block;
-            out.extend_from_slice(&src[start..start + valid]);
-            out.resize(out.len() + block - valid, T::zero());
-        }
-    }
-    Tensor::from_vec(out, (ids.len(), h, cap, d), &candle::Device::Cpu)
 }
 
 /// The encoder memory `(B, S, E)` of one encoder-decoder attention block, projected to keys and
@@ -248,7 +207,8 @@ fn gather<T: candle::WithDType>(
 /// reordered memory given to it.
 #[derive(Clone, Debug, Default)]
 pub struct CrossAttentionCache {
-    kv: Option<(Tensor, Tensor)>,
+    /// Shared by clones (which then copy when they reorder).
+    kv: Option<Arc<(Tensor, Tensor)>>,
     /// The id and shape of the memory the keys and values were projected from.
     memory: Option<(TensorId, Vec<usize>)>,
 }
@@ -271,7 +231,7 @@ impl CrossAttentionCache {
 
     /// The projected keys and values `(B, H, S, head_dim)`, or `None` when empty.
     pub fn keys_values(&self) -> Option<(&Tensor, &Tensor)> {
-        self.kv.as_ref().map(|(k, v)| (k, v))
+        self.kv.as_deref().map(|(k, v)| (k, v))
     }
 
     /// True when the cache holds the projection of `memory` (the same tensor or a clone).
@@ -283,8 +243,25 @@ impl CrossAttentionCache {
 
     /// Keeps batch rows `rows` (`U32`, e.g. the surviving beams), in that order, and records
     /// `memory` `(rows.len(), S, E)`, the memory reordered the same way, as the one it now holds.
+    /// Views handed out before ([`CrossAttentionCache::keys_values`]) keep their values.
     pub fn select_rows(&mut self, rows: &Tensor, memory: &Tensor) -> candle::Result<()> {
-        let Some((k, v)) = &self.kv else {
+        self.select(rows, memory, false)
+    }
+
+    /// [`CrossAttentionCache::select_rows`], moving the rows inside the buffers when this
+    /// cache is their only owner and the moves allow it (rows shifting down after finished
+    /// sentences are dropped). For a cache that hands out no views (the caches inside a
+    /// [`crate::transformer::DecoderCache`]): a view taken before would see the moved rows.
+    pub(crate) fn select_rows_in_place(
+        &mut self,
+        rows: &Tensor,
+        memory: &Tensor,
+    ) -> candle::Result<()> {
+        self.select(rows, memory, true)
+    }
+
+    fn select(&mut self, rows: &Tensor, memory: &Tensor, in_place: bool) -> candle::Result<()> {
+        let Some(kv) = &self.kv else {
             return Ok(());
         };
         let n = rows.dim(0)?;
@@ -303,11 +280,25 @@ impl CrossAttentionCache {
         // Every position is valid here, so the CPU gather copies each kept row once
         // (`index_select` zeroes the output first: a bulk run drops finished sentences often).
         let ids = host_row_ids(rows)?;
+        let (k, v) = (&kv.0, &kv.1);
         let len = k.dim(2)?;
-        self.kv = Some((
-            select_buffer_rows(k, rows, ids.as_deref(), len)?,
-            select_buffer_rows(v, rows, ids.as_deref(), len)?,
-        ));
+        let mut moved = None;
+        if let (true, Some(ids)) = (in_place && Arc::strong_count(kv) == 1, ids.as_deref()) {
+            if let (Some(k), Some(v)) = (
+                move_rows_in_place(k, ids, len)?,
+                move_rows_in_place(v, ids, len)?,
+            ) {
+                moved = Some((k, v));
+            }
+        }
+        let kv = match moved {
+            Some(kv) => kv,
+            None => (
+                select_buffer_rows(k, rows, ids.as_deref(), len)?,
+                select_buffer_rows(v, rows, ids.as_deref(), len)?,
+            ),
+        };
+        self.kv = Some(Arc::new(kv));
         self.memory = Some((memory.id(), memory.dims().to_vec()));
         Ok(())
     }
@@ -431,7 +422,7 @@ impl MultiHeadAttention {
             )
         }
         let (k, v) = match (&cache.kv, &cache.memory) {
-            (Some(kv), Some(_)) if cache.holds(memory) => kv.clone(),
+            (Some(kv), Some(_)) if cache.holds(memory) => (kv.0.clone(), kv.1.clone()),
             (Some(_), Some((_, dims))) => candle::bail!(
                 "cross-attention cache holds the projection of another memory tensor {dims:?}, \
                  got memory {:?}: pass the memory the cache was filled from, or reset() the \
@@ -440,7 +431,7 @@ impl MultiHeadAttention {
             ),
             _ => {
                 let kv = self.project_key_value(memory, memory)?;
-                cache.kv = Some(kv.clone());
+                cache.kv = Some(Arc::new(kv.clone()));
                 cache.memory = Some((memory.id(), memory.dims().to_vec()));
                 kv
             }
@@ -518,31 +509,6 @@ mod tests {
         assert_eq!(cache.len(), 3);
         let (orig, _) = cache.keys_values().unwrap().unwrap();
         assert_eq!(orig.dims(), &[2, 2, 3, 2]);
-    }
-
-    /// The CPU row gather equals `index_select` on the valid positions (f32 and bf16, rows
-    /// repeated and dropped), zero-fills the spare capacity, leaves other index dtypes to
-    /// `index_select`, and names a row that does not exist.
-    #[test]
-    fn cpu_row_gather_equals_index_select_on_the_valid_prefix() -> candle::Result<()> {
-        let dev = Device::Cpu;
-        let buf = Tensor::arange(0f32, 3.0 * 2.0 * 5.0 * 4.0, &dev)?.reshape((3, 2, 5, 4))?;
-        let rows = Tensor::new(&[2u32, 0, 2, 2], &dev)?;
-        let ids = host_row_ids(&rows)?.expect("a U32 index on the CPU");
-        for dtype in [DType::F32, DType::BF16] {
-            let buf = buf.to_dtype(dtype)?;
-            let got = gather_rows_cpu(&buf, &ids, 3)?.expect("a CPU buffer takes the CPU path");
-            assert_eq!(got.dims(), &[4, 2, 5, 4]);
-            let want = buf.index_select(&rows, 0)?.narrow(2, 0, 3)?;
-            let as_f32 = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
-            assert_eq!(as_f32(&got.narrow(2, 0, 3)?)?, as_f32(&want)?);
-            assert!(as_f32(&got.narrow(2, 3, 2)?)?.iter().all(|&x| x == 0.0));
-        }
-        let wide = Tensor::new(&[1i64, 0], &dev)?;
-        assert!(host_row_ids(&wide)?.is_none());
-        let err = gather_rows_cpu(&buf, &[3], 3).unwrap_err();
-        assert!(err.to_string().contains("row 3 does not exist"), "{err}");
-        Ok(())
     }
 
     #[test]
