@@ -465,6 +465,20 @@ mod tests {
     use super::*;
     use candle::{DType, Device};
 
+    /// The first lane of every cached position of (`row`, `head`) in keys `(B, H, S, d)`.
+    fn first_lanes(ks: &Tensor, row: usize, head: usize) -> Vec<f32> {
+        ks.get(row)
+            .unwrap()
+            .get(head)
+            .unwrap()
+            .narrow(1, 0, 1)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    }
+
     /// A cache with spare capacity (3 of 4 positions used), forked and appended to (the fork
     /// copies a prefix shorter than its buffer), reordered and appended again: every step
     /// keeps exactly the values written, in the right rows.
@@ -488,20 +502,7 @@ mod tests {
         let (ks, _) = fork
             .append(&step(&[24.0, 14.0, 24.0]), &step(&[24.0, 14.0, 24.0]))
             .unwrap();
-        let firsts: Vec<Vec<f32>> = (0..3)
-            .map(|row| {
-                ks.get(row)
-                    .unwrap()
-                    .get(0)
-                    .unwrap()
-                    .narrow(1, 0, 1)
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1()
-                    .unwrap()
-            })
-            .collect();
+        let firsts: Vec<Vec<f32>> = (0..3).map(|row| first_lanes(&ks, row, 0)).collect();
         assert_eq!(firsts[0], vec![20.0, 21.0, 22.0, 23.0, 24.0]);
         assert_eq!(firsts[1], vec![10.0, 11.0, 12.0, 13.0, 14.0]);
         assert_eq!(firsts[2], firsts[0]);
@@ -521,18 +522,7 @@ mod tests {
             let (ks, vs) = cache.append(&k, &(&k * 2.0).unwrap()).unwrap();
             all.push(step as f32);
             assert_eq!(ks.dims(), &[2, 3, step + 1, 4]);
-            let got: Vec<f32> = ks
-                .get(1)
-                .unwrap()
-                .get(2)
-                .unwrap()
-                .narrow(1, 0, 1)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
-            assert_eq!(got, all);
+            assert_eq!(first_lanes(&ks, 1, 2), all);
             assert_eq!(vs.dims(), ks.dims());
         }
         let rows = Tensor::new(&[1u32, 1, 0], &dev).unwrap();
