@@ -9,6 +9,7 @@ use super::trace::{AttentionTrace, DecoderLayerTrace};
 use crate::kv_cache::{CachedAttentionArgs, CrossAttentionCache, KvCache};
 use crate::mask::Mask;
 use crate::mha::{AttentionArgs, MultiHeadAttention};
+use crate::sdpa::AttentionOutput;
 use crate::simd::elementwise::add;
 use crate::weights::WeightSource;
 use candle::{Module, Tensor};
@@ -185,6 +186,39 @@ impl TransformerDecoderLayer {
             .0)
     }
 
+    /// The cached encoder-decoder attention of `x` `(B, T, E)` over `memory` `(M, S, E)`: one
+    /// memory row per row (`M = B`), or one per group of `B / M` consecutive rows (the beams of
+    /// one sentence), whose `B / M · T` queries then attend that row's keys and values
+    /// together, read once for the group. Exact: rows of a cross-attention never see each
+    /// other. Returns `(B, T, E)`.
+    fn attend_cross_cached(
+        &self,
+        x: &Tensor,
+        memory: &Tensor,
+        cache: &mut CrossAttentionCache,
+        args: &AttentionArgs,
+    ) -> candle::Result<AttentionOutput> {
+        let (b, t, e) = x.dims3()?;
+        let m = memory.dim(0)?;
+        if m == b || m == 0 || !b.is_multiple_of(m) {
+            // One memory row per row, or a mismatch `attend_cross` names.
+            return self.multihead_attn.attend_cross(x, memory, cache, args);
+        }
+        if !args.mask.is_none() || args.need_weights {
+            candle::bail!(
+                "{b} decoder rows share {m} memory rows (groups of {}), which takes neither a \
+                 memory_mask nor attention weights: give one memory row per decoder row",
+                b / m
+            )
+        }
+        let grouped = x.reshape((m, b / m * t, e))?;
+        let mut out = self
+            .multihead_attn
+            .attend_cross(&grouped, memory, cache, args)?;
+        out.output = out.output.reshape((b, t, e))?;
+        Ok(out)
+    }
+
     /// [`TransformerDecoderLayer::forward`], also returning the encoder-decoder attention
     /// weights per head `(B, H, T, S)` when `cross_weights`, and recording both attention
     /// blocks (self, cross) into `trace` when given (full passes only).
@@ -250,34 +284,7 @@ impl TransformerDecoderLayer {
                 average_weights: false,
             };
             let out = match cache.as_deref_mut() {
-                Some(cache) => {
-                    let (b, t, e) = x.dims3()?;
-                    let m = memory.dim(0)?;
-                    if m == b || m == 0 || !b.is_multiple_of(m) {
-                        self.multihead_attn
-                            .attend_cross(x, memory, &mut cache.cross_attn, &args)?
-                    } else {
-                        // Each group of `b / m` consecutive rows reads one memory row (the
-                        // beams of one sentence): its `b / m · T` queries attend that row's
-                        // keys and values together, read once for the group. Exact: rows of
-                        // a cross-attention never see each other.
-                        if !args.mask.is_none() || args.need_weights {
-                            candle::bail!(
-                                "decoder rows {b} share {m} memory rows, which takes neither a \
-                                 memory_mask nor attention weights (give one memory row per row)"
-                            )
-                        }
-                        let grouped = x.reshape((m, b / m * t, e))?;
-                        let mut out = self.multihead_attn.attend_cross(
-                            &grouped,
-                            memory,
-                            &mut cache.cross_attn,
-                            &args,
-                        )?;
-                        out.output = out.output.reshape((b, t, e))?;
-                        out
-                    }
-                }
+                Some(cache) => self.attend_cross_cached(x, memory, &mut cache.cross_attn, &args)?,
                 None => {
                     let out = self.multihead_attn.attend(x, memory, memory, &args)?;
                     if let Some(slots) = trace.as_deref_mut() {
