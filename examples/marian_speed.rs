@@ -10,6 +10,14 @@ use candle_attention::{StepDecoder, TensorFile};
 use std::time::Instant;
 
 fn main() -> anyhow::Result<()> {
+    // On a thread of rayon's pool, as `attn` runs its model: the kernels' parallel loops then
+    // start from a worker instead of waking the pool from outside on every call.
+    let mut result = None;
+    rayon::scope(|s| s.spawn(|_| result = Some(run())));
+    result.expect("a rayon scope runs its spawned job before returning")
+}
+
+fn run() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let (dir, inputs) = match args.as_slice() {
         [_, dir, inputs, ..] => (dir, inputs),

@@ -68,8 +68,8 @@ fn main() -> Result<()> {
         let (k, n) = (512, 58101);
         let w = (Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu)? / (k as f64).sqrt())?;
         let b = Tensor::randn(0f32, 0.1, n, &Device::Cpu)?;
-        let p = Projection::shared(&w, Some(b))?;
-        for m in [1usize, 8, 32, 96] {
+        let p = Projection::shared(&w, Some(b.clone()))?;
+        for m in [1usize, 8, 16, 32, 64, 96] {
             let x = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu)?;
             let (med, min) = time(30, || {
                 p.forward(&x)?;
@@ -82,6 +82,47 @@ fn main() -> Result<()> {
                  {gflops:.1} GFLOP/s, weight read at {gbs:.1} GB/s"
             );
         }
+        // The same product from panels packed once (`Projection::new`): what a mapped weight
+        // becomes once a batch of PACKED_MIN_ROWS rows or more has used it.
+        let p = Projection::new(&w, Some(b.clone()))?;
+        for m in [1usize, 8, 16, 32, 64, 96] {
+            let x = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu)?;
+            let (med, min) = time(30, || {
+                p.forward(&x)?;
+                Ok(())
+            })?;
+            let gflops = 2.0 * (m * n * k) as f64 / (med * 1e6);
+            println!(
+                "packed ({m}, {k}) x ({k}, {n}): median {med:.3} ms, min {min:.3} ms, {gflops:.1} GFLOP/s"
+            );
+        }
+        // A decoder step's weights at one row: the projections of 6 opus-mt decoder layers
+        // (self-attention q/k/v and output, cross-attention query and output, the two
+        // feed-forward matrices), 88 MB, back to back: what the row kernel loses between
+        // calls (start-up of each stream, the thread hand-over) against one large matrix.
+        let shapes = [(1536, 512), (512, 512), (512, 512), (512, 512), (2048, 512), (512, 2048)];
+        let layers: Vec<Projection> = (0..6)
+            .flat_map(|_| shapes)
+            .map(|(n, k)| {
+                let w = (Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu)? / (k as f64).sqrt())?;
+                Projection::shared(&w, Some(Tensor::zeros(n, candle::DType::F32, &Device::Cpu)?))
+            })
+            .collect::<candle::Result<_>>()?;
+        let bytes: usize = 6 * shapes.iter().map(|(n, k)| n * k * 4).sum::<usize>();
+        let x512 = Tensor::randn(0f32, 1.0, (1, 512), &Device::Cpu)?;
+        let x2048 = Tensor::randn(0f32, 1.0, (1, 2048), &Device::Cpu)?;
+        let (med, min) = time(30, || {
+            for (p, (_, k)) in layers.iter().zip(shapes.iter().cycle()) {
+                p.forward(if *k == 512 { &x512 } else { &x2048 })?;
+            }
+            Ok(())
+        })?;
+        println!(
+            "rows (1, k) x 36 decoder matrices ({:.0} MB) in place: median {med:.3} ms, min {min:.3} ms, \
+             weight read at {:.1} GB/s",
+            bytes as f64 / 1e6,
+            bytes as f64 / (med * 1e6)
+        );
         Ok(())
     })
 }

@@ -324,3 +324,38 @@ fn shared_weight_projection_equals_the_packed_one() {
         }
     }
 }
+
+/// A weight read in place that keeps being multiplied by 96 rows or more is packed once (on
+/// the second such product) and read from the panels after: the answers stay the same, bit for
+/// bit, at every instruction set, whole and narrowed.
+#[test]
+fn a_shared_weight_packed_after_repeated_large_products_gives_the_same_answers() {
+    let dev = Device::Cpu;
+    for (m, out, inp) in [(96, 70, 33), (130, 200, 512), (200, 65, 700)] {
+        let w = Tensor::randn(0f32, 1., (out, inp), &dev).unwrap();
+        let b = Tensor::randn(0f32, 1., out, &dev).unwrap();
+        let x = Tensor::randn(0f32, 1., (m, inp), &dev).unwrap();
+        let want = reference(&x, &w, Some(&b));
+        for isa in available_isas() {
+            // Fresh projections for each level, so each one packs with its own kernels.
+            let shared = Projection::shared(&w, Some(b.clone())).unwrap();
+            let narrowed = shared.narrow_outputs(5, out - 7).unwrap();
+            let first = testing::projection::forward(&shared, &x, isa).unwrap();
+            let first_narrowed = testing::projection::forward(&narrowed, &x, isa).unwrap();
+            compare(&first, &want, 1e-4, 1e-4).unwrap();
+            for call in 0..3 {
+                let again = testing::projection::forward(&shared, &x, isa).unwrap();
+                let again_narrowed = testing::projection::forward(&narrowed, &x, isa).unwrap();
+                let same = |a: &Tensor, b: &Tensor| {
+                    a.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+                        == b.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+                };
+                assert!(same(&again, &first), "{isa} {m}x{out}x{inp}, call {call}");
+                assert!(
+                    same(&again_narrowed, &first_narrowed),
+                    "{isa} {m}x{out}x{inp} narrowed, call {call}"
+                );
+            }
+        }
+    }
+}

@@ -41,6 +41,7 @@ mod bf16;
 mod gemm;
 mod half;
 mod kernels;
+mod lazy;
 mod portable;
 mod rows;
 mod tile;
@@ -48,6 +49,7 @@ mod tile;
 use crate::simd::{cpu_f32, Isa};
 use crate::weights::{MappedMatrix, WeightMatrix};
 use candle::{DType, Device, Module, Tensor};
+use std::sync::Arc;
 
 use tile::PANEL;
 
@@ -73,11 +75,19 @@ enum Weight {
         col0: usize,
         out: usize,
     },
-    /// `W` `(out, in)` read in place from a memory-mapped file ([`MappedMatrix`]).
-    Mapped(MappedMatrix),
+    /// `W` `(out, in)` read in place from a memory-mapped file ([`MappedMatrix`]); `packed`
+    /// its panels once it keeps being multiplied by many rows ([`lazy`]), shared by clones.
+    Mapped {
+        matrix: MappedMatrix,
+        packed: Arc<lazy::LazyPanels>,
+    },
     /// `W` `(out, in)`, a contiguous CPU `f32` tensor shared with its owner (e.g. the tied
-    /// embedding table of a language model head), read row by row as [`Weight::Mapped`] is.
-    Rows(Tensor),
+    /// embedding table of a language model head), read row by row as [`Weight::Mapped`] is
+    /// (and packed likewise).
+    Rows {
+        table: Tensor,
+        packed: Arc<lazy::LazyPanels>,
+    },
 }
 
 /// `y = x Wᵀ + b`, a [`candle::Module`] over the last dimension: `x` `(..., in)` →
@@ -181,6 +191,12 @@ impl Projection {
 
     /// A projection whose weight `W` `(out, in)` stays in a memory-mapped file (see
     /// [`MappedMatrix`]); `bias` `(out)` must be a CPU `f32` tensor.
+    ///
+    /// Memory: nothing is copied at load, and products of a few rows read `W` where it lies.
+    /// A weight that is multiplied by 96 rows or more a second time (bulk translation, the
+    /// encoder over many batches, beam search over many sentences) is then packed once for
+    /// the GEMM and the copy kept with the projection: the size of `W` again, against 5–6.5%
+    /// of the CPU time of such runs for transposing it on every call.
     pub fn from_mapped(weight: MappedMatrix, bias: Option<Tensor>) -> candle::Result<Self> {
         if let Some(b) = &bias {
             if b.dims() != [weight.rows()] || !is_cpu_constant_f32(b) {
@@ -193,7 +209,10 @@ impl Projection {
             }
         }
         Ok(Self {
-            weight: Weight::Mapped(weight),
+            weight: Weight::Mapped {
+                matrix: weight,
+                packed: Arc::default(),
+            },
             bias: bias.map(|b| b.contiguous()).transpose()?,
         })
     }
@@ -201,7 +220,8 @@ impl Projection {
     /// A projection that shares `weight` `(out, in)` with its owner instead of packing a copy of
     /// it: a tied output projection and the embedding table it is tied to stay one tensor.
     /// For a CPU `f32` constant the product reads `W`'s rows in place (the kernel of
-    /// [`MappedMatrix`]); anything else is kept as a view, as [`Projection::new`] keeps what it does
+    /// [`MappedMatrix`], packed once as [`Projection::from_mapped`] says when it keeps being
+    /// multiplied by many rows); anything else is kept as a view, as [`Projection::new`] keeps what it does
     /// not pack (a half-precision table too: it is not copied into panels).
     pub fn shared(weight: &Tensor, bias: Option<Tensor>) -> candle::Result<Self> {
         if !(is_cpu_constant_f32(weight) && weight.rank() == 2) {
@@ -220,7 +240,10 @@ impl Projection {
             }
         }
         Ok(Self {
-            weight: Weight::Rows(weight.contiguous()?),
+            weight: Weight::Rows {
+                table: weight.contiguous()?,
+                packed: Arc::default(),
+            },
             bias: bias.map(|b| b.contiguous()).transpose()?,
         })
     }
@@ -248,12 +271,18 @@ impl Projection {
                 col0: col0 + start,
                 out: len,
             },
-            Weight::Mapped(w) => {
-                Weight::Mapped(w.narrow_rows(start, len).ok_or_else(|| {
+            // The rows taken pack on their own when they are used that way (the fused
+            // projections narrowed here are used whole or in parts, not both).
+            Weight::Mapped { matrix, .. } => Weight::Mapped {
+                matrix: matrix.narrow_rows(start, len).ok_or_else(|| {
                     candle::Error::Msg("internal: mapped rows out of range".into())
-                })?)
-            }
-            Weight::Rows(w) => Weight::Rows(w.narrow(0, start, len)?),
+                })?,
+                packed: Arc::default(),
+            },
+            Weight::Rows { table, .. } => Weight::Rows {
+                table: table.narrow(0, start, len)?,
+                packed: Arc::default(),
+            },
         };
         Ok(Self {
             weight,
@@ -278,10 +307,10 @@ impl Projection {
                     .contiguous()
             }
             Weight::Half { panels, col0, out } => panels.transposed(*col0, *out),
-            Weight::Mapped(w) => {
+            Weight::Mapped { matrix: w, .. } => {
                 Tensor::from_slice(w.data(), (w.rows(), w.cols()), &Device::Cpu)?.t()
             }
-            Weight::Rows(w) => w.t(),
+            Weight::Rows { table, .. } => table.t(),
         }
     }
 
@@ -302,8 +331,8 @@ impl Projection {
             Weight::View(wt) => wt.dims()[0],
             Weight::Packed { panels, .. } => panels.dims()[1],
             Weight::Half { panels, .. } => panels.in_features(),
-            Weight::Mapped(w) => w.cols(),
-            Weight::Rows(w) => w.dims()[1],
+            Weight::Mapped { matrix, .. } => matrix.cols(),
+            Weight::Rows { table, .. } => table.dims()[1],
         }
     }
 
@@ -312,8 +341,8 @@ impl Projection {
         match &self.weight {
             Weight::View(wt) => wt.dims()[1],
             Weight::Packed { out, .. } | Weight::Half { out, .. } => *out,
-            Weight::Mapped(w) => w.rows(),
-            Weight::Rows(w) => w.dims()[0],
+            Weight::Mapped { matrix, .. } => matrix.rows(),
+            Weight::Rows { table, .. } => table.dims()[0],
         }
     }
 
@@ -322,7 +351,7 @@ impl Projection {
         match &self.weight {
             Weight::View(wt) => wt.dtype(),
             Weight::Half { panels, .. } => panels.dtype(),
-            Weight::Packed { .. } | Weight::Mapped(_) | Weight::Rows(_) => DType::F32,
+            Weight::Packed { .. } | Weight::Mapped { .. } | Weight::Rows { .. } => DType::F32,
         }
     }
 
@@ -331,7 +360,7 @@ impl Projection {
         match &self.weight {
             Weight::View(wt) => wt.device(),
             Weight::Packed { panels, .. } => panels.device(),
-            Weight::Half { .. } | Weight::Mapped(_) | Weight::Rows(_) => &Device::Cpu,
+            Weight::Half { .. } | Weight::Mapped { .. } | Weight::Rows { .. } => &Device::Cpu,
         }
     }
 }
@@ -399,15 +428,17 @@ impl Projection {
         }
         // `W` read row by row where it lies: a mapped file or a shared tensor.
         let rows_guard = match &self.weight {
-            Weight::Rows(w) => Some(w.storage_and_layout()),
+            Weight::Rows { table, .. } => Some(table.storage_and_layout()),
             _ => None,
         };
-        let rows: Option<&[f32]> = match (&self.weight, &rows_guard) {
-            (Weight::Mapped(w), _) => Some(w.data()),
-            (Weight::Rows(_), Some((ws, wl))) => Some(&cpu_f32(ws)?[wl.start_offset()..][..n * k]),
+        let rows: Option<(&[f32], &lazy::LazyPanels)> = match (&self.weight, &rows_guard) {
+            (Weight::Mapped { matrix, packed }, _) => Some((matrix.data(), packed)),
+            (Weight::Rows { packed, .. }, Some((ws, wl))) => {
+                Some((&cpu_f32(ws)?[wl.start_offset()..][..n * k], packed))
+            }
             _ => None,
         };
-        if let (Some(wv), true) = (rows, is_cpu_constant_f32(x)) {
+        if let (Some((wv, packed)), true) = (rows, is_cpu_constant_f32(x)) {
             let x = x.contiguous()?;
             let (xs, xl) = x.storage_and_layout();
             let xv = &cpu_f32(&xs)?[xl.start_offset()..][..m * k];
@@ -416,7 +447,7 @@ impl Projection {
                 Some((bs, bl)) => Some(&cpu_f32(bs)?[bl.start_offset()..][..n]),
                 None => None,
             };
-            let y = rows::linear_nt(isa, xv, m, wv, n, k, bias);
+            let y = rows::linear_nt(isa, xv, m, wv, n, k, bias, Some(packed));
             return Tensor::from_vec(y, out_dims, &Device::Cpu);
         }
         // Autograd, CUDA, other dtypes: candle's ops, as candle-nn's `Linear`.

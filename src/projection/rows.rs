@@ -5,6 +5,7 @@
 //! fly into the packed GEMM instead ([`super::gemm::gemm_rows`]).
 
 use super::kernels::rows_block;
+use super::lazy::LazyPanels;
 use super::tile::OutPtr;
 use crate::simd::Isa;
 use rayon::prelude::*;
@@ -17,10 +18,15 @@ const ROWS_PER_TASK: usize = 128;
 /// products are faster: each weight is used too few times to pay for its transposition.
 /// Measured on an opus-mt output projection (58101 × 512, 2 threads, AMD EPYC Zen 4, median
 /// of 15): 8 rows 3.8 ms (dot products) vs 7.0 ms (packed), 32 rows 11.4 vs 12.3, 64 rows
-/// 21.9 vs 22.4, 96 rows 31.5 vs 30.9.
-const PACKED_MIN_ROWS: usize = 96;
+/// 21.9 vs 22.4, 96 rows 31.5 vs 30.9. (Packed once instead of on the fly, the GEMM is no
+/// faster than the dot products below this either: 32 rows 12.1 vs 12.2 ms, 64 rows 20.9 vs
+/// 21.0 at the AVX-512 level; at the AVX2 level 14.3 vs 11.9 and 24.4 vs 23.3.)
+pub(super) const PACKED_MIN_ROWS: usize = 96;
 
 /// `y = x Wᵀ + b`: `x` `(m, k)` row-major, `w` `(n, k)` row-major, `bias` `(n)` → `(m, n)`.
+/// From [`PACKED_MIN_ROWS`] rows on, the panels of `lazy` (packed once `W` keeps being used
+/// that way: [`super::lazy`]) when there are any, else strips of `W` transposed on the fly.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn linear_nt(
     isa: Isa,
     x: &[f32],
@@ -29,9 +35,22 @@ pub(crate) fn linear_nt(
     n: usize,
     k: usize,
     bias: Option<&[f32]>,
+    lazy: Option<&LazyPanels>,
 ) -> Vec<f32> {
     assert!(x.len() >= m * k && w.len() >= n * k && bias.is_none_or(|b| b.len() >= n));
     if m >= PACKED_MIN_ROWS && k > 0 {
+        if let Some(panels) = lazy.and_then(|l| l.panels(isa, w, n, k)) {
+            let op = super::gemm::Operands {
+                x,
+                m,
+                k,
+                panels,
+                col0: 0,
+                n,
+                bias,
+            };
+            return super::gemm::gemm(isa, op);
+        }
         return super::gemm::gemm_rows(isa, x, m, k, w, n, bias);
     }
     linear_nt_rows(isa, x, m, w, n, k, bias)
@@ -145,7 +164,15 @@ mod tests {
                 .collect();
             let b: Vec<f32> = (0..n).map(|i| i as f32 * 0.25).collect();
             for isa in crate::simd::isas() {
-                let y = linear_nt(isa, &x, m, &w, n, k, Some(&b));
+                let lazy = LazyPanels::default();
+                let y = linear_nt(isa, &x, m, &w, n, k, Some(&b), Some(&lazy));
+                // The second product packs `W` (from PACKED_MIN_ROWS rows on) and the third
+                // reads the panels: the same sums, bit for bit, as on the fly.
+                for _ in 0..2 {
+                    let again = linear_nt(isa, &x, m, &w, n, k, Some(&b), Some(&lazy));
+                    assert_eq!(again, y, "{isa:?} {m}x{n}x{k}: packed once vs on the fly");
+                }
+                assert_eq!(lazy.is_packed(), m >= PACKED_MIN_ROWS, "{isa:?} {m}x{n}x{k}");
                 for i in 0..m {
                     for j in 0..n {
                         let want: f32 =
