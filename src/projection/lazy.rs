@@ -105,7 +105,10 @@ mod tests {
             let lazy = LazyPanels::default();
             assert!(lazy.panels(isa, &w, n, k).is_none());
             assert!(!lazy.is_packed());
-            let p = lazy.panels(isa, &w, n, k).expect("packed on the second").to_vec();
+            let p = lazy
+                .panels(isa, &w, n, k)
+                .expect("packed on the second")
+                .to_vec();
             assert!(lazy.is_packed());
             assert_eq!(p.len(), 3 * k * PANEL);
             for col in 0..3 * PANEL {

@@ -172,7 +172,11 @@ mod tests {
                     let again = linear_nt(isa, &x, m, &w, n, k, Some(&b), Some(&lazy));
                     assert_eq!(again, y, "{isa:?} {m}x{n}x{k}: packed once vs on the fly");
                 }
-                assert_eq!(lazy.is_packed(), m >= PACKED_MIN_ROWS, "{isa:?} {m}x{n}x{k}");
+                assert_eq!(
+                    lazy.is_packed(),
+                    m >= PACKED_MIN_ROWS,
+                    "{isa:?} {m}x{n}x{k}"
+                );
                 for i in 0..m {
                     for j in 0..n {
                         let want: f32 =

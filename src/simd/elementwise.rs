@@ -298,18 +298,27 @@ mod avx2 {
     pub(super) unsafe fn silu(s: &[f32], d: &mut [f32]) {
         let n = s.len().min(d.len());
         let one = _mm256_set1_ps(1.0);
+        let silu = |x: __m256| {
+            _mm256_div_ps(
+                x,
+                _mm256_add_ps(one, exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), x))),
+            )
+        };
         let mut i = 0;
-        while i < n {
-            let mask = lanes8(n - i);
-            // SAFETY: the masked load and store touch only the floats i .. min(i + 8, n).
-            let x = _mm256_maskload_ps(s.as_ptr().add(i), mask);
-            let e = exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), x));
-            _mm256_maskstore_ps(
-                d.as_mut_ptr().add(i),
-                mask,
-                _mm256_div_ps(x, _mm256_add_ps(one, e)),
-            );
+        // Whole vectors with plain loads and stores: a masked store (`vmaskmovps`) is
+        // microcoded on AMD cores, and storing every vector that way made this pass 2.3% of a
+        // bulk beam search instead of about 1% (`perf`, Zen 4).
+        while i + 8 <= n {
+            // SAFETY: floats i .. i + 8 <= n of both slices.
+            let x = _mm256_loadu_ps(s.as_ptr().add(i));
+            _mm256_storeu_ps(d.as_mut_ptr().add(i), silu(x));
             i += 8;
+        }
+        if i < n {
+            let mask = lanes8(n - i);
+            // SAFETY: the masked load and store touch only the floats i .. n.
+            let x = _mm256_maskload_ps(s.as_ptr().add(i), mask);
+            _mm256_maskstore_ps(d.as_mut_ptr().add(i), mask, silu(x));
         }
     }
 }
