@@ -5,8 +5,10 @@
 //!   the fused input projection, and `(N, 512) × (512, 512)`), GFLOP/s (compare with
 //!   `fma_peak`);
 //! * the in-place row kernel on an opus-mt output projection (`(m, 512) × (512, 58101)`, the
-//!   weight read where it lies, as a tied `lm_head` is), for m = 1, 8, 32, 96: GFLOP/s and the
-//!   weight's bytes per second (compare with `mem_bandwidth`).
+//!   weight read where it lies, as a tied `lm_head` is; from 96 rows on packed once, on its
+//!   second such product), for m = 1 to 96: GFLOP/s and the weight's bytes per second (compare
+//!   with `mem_bandwidth`); the same weight packed up front (`Projection::new`);
+//! * a decoder step's 36 matrices of an opus-mt model (88 MB) at one row, back to back.
 //!
 //! `cargo run --release --example projection_speed [N...]` (default N = 128 512 1024 4096);
 //! run it on rayon's pool threads the way `attn` does (it does: `ThreadPool::install`).
@@ -68,33 +70,24 @@ fn main() -> Result<()> {
         let (k, n) = (512, 58101);
         let w = (Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu)? / (k as f64).sqrt())?;
         let b = Tensor::randn(0f32, 0.1, n, &Device::Cpu)?;
-        let p = Projection::shared(&w, Some(b.clone()))?;
-        for m in [1usize, 8, 16, 32, 64, 96] {
-            let x = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu)?;
-            let (med, min) = time(30, || {
-                p.forward(&x)?;
-                Ok(())
-            })?;
-            let gflops = 2.0 * (m * n * k) as f64 / (med * 1e6);
-            let gbs = (n * k * 4) as f64 / (med * 1e6);
-            println!(
-                "rows ({m}, {k}) x ({k}, {n}) in place: median {med:.3} ms, min {min:.3} ms, \
-                 {gflops:.1} GFLOP/s, weight read at {gbs:.1} GB/s"
-            );
-        }
-        // The same product from panels packed once (`Projection::new`): what a mapped weight
-        // becomes once a batch of PACKED_MIN_ROWS rows or more has used it.
-        let p = Projection::new(&w, Some(b.clone()))?;
-        for m in [1usize, 8, 16, 32, 64, 96] {
-            let x = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu)?;
-            let (med, min) = time(30, || {
-                p.forward(&x)?;
-                Ok(())
-            })?;
-            let gflops = 2.0 * (m * n * k) as f64 / (med * 1e6);
-            println!(
-                "packed ({m}, {k}) x ({k}, {n}): median {med:.3} ms, min {min:.3} ms, {gflops:.1} GFLOP/s"
-            );
+        // In place (a shared table, as a tied `lm_head` is: from 96 rows on it is packed once,
+        // on its second such product), and from panels packed up front (`Projection::new`).
+        let in_place = Projection::shared(&w, Some(b.clone()))?;
+        let packed = Projection::new(&w, Some(b.clone()))?;
+        for (label, p) in [("rows", &in_place), ("packed", &packed)] {
+            for m in [1usize, 8, 16, 32, 64, 96] {
+                let x = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu)?;
+                let (med, min) = time(30, || {
+                    p.forward(&x)?;
+                    Ok(())
+                })?;
+                let gflops = 2.0 * (m * n * k) as f64 / (med * 1e6);
+                let gbs = (n * k * 4) as f64 / (med * 1e6);
+                println!(
+                    "{label} ({m}, {k}) x ({k}, {n}): median {med:.3} ms, min {min:.3} ms, \
+                     {gflops:.1} GFLOP/s, weight read at {gbs:.1} GB/s"
+                );
+            }
         }
         // A decoder step's weights at one row: the projections of 6 opus-mt decoder layers
         // (self-attention q/k/v and output, cross-attention query and output, the two
