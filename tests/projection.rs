@@ -67,11 +67,12 @@ proptest! {
 
 #[test]
 fn narrowed_outputs_equal_the_rows_of_the_weight_at_any_offset() {
-    // 300 outputs: the narrowings start inside the 64-column panels.
+    // 300 outputs: the narrowings start inside the 64-column panels; 15 rows, and the one or
+    // two rows of decoding (whose AVX2 tiles take 32-column slices), at every level.
     let (k, n) = (70, 300);
     let w = randn(&[n, k], 1);
     let b = randn(&[n], 2);
-    let x = randn(&[3, 5, k], 3);
+    let inputs = [randn(&[3, 5, k], 3), randn(&[1, k], 4), randn(&[2, k], 5)];
     let p = Projection::new(&w, Some(b.clone())).unwrap();
     for (start, len) in [
         (0, 100),
@@ -80,15 +81,23 @@ fn narrowed_outputs_equal_the_rows_of_the_weight_at_any_offset() {
         (200, 100),
         (63, 130),
         (299, 1),
+        (5, 27),
+        (40, 33),
     ] {
         let part = p.narrow_outputs(start, len).unwrap();
         assert_eq!((part.in_features(), part.out_features()), (k, len));
-        let want = reference(
-            &x,
-            &w.narrow(0, start, len).unwrap(),
-            Some(&b.narrow(0, start, len).unwrap()),
-        );
-        compare(&part.forward(&x).unwrap(), &want, 1e-5, 1e-5).unwrap();
+        for x in &inputs {
+            let want = reference(
+                x,
+                &w.narrow(0, start, len).unwrap(),
+                Some(&b.narrow(0, start, len).unwrap()),
+            );
+            for isa in available_isas() {
+                let got = testing::projection::forward(&part, x, isa).unwrap();
+                compare(&got, &want, 1e-5, 1e-5)
+                    .unwrap_or_else(|e| panic!("{isa} {:?} {start}+{len}: {e}", x.dims()));
+            }
+        }
         compare(
             &part.weight().unwrap(),
             &w.narrow(0, start, len).unwrap(),

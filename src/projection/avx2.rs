@@ -10,7 +10,9 @@
 //! broadcast, 15 of the 16 registers (the classic Haswell/Zen tile: 12 FMAs per 8 loads, 2
 //! FMAs a cycle). A 64-column panel is four such column slices; the slice is the outer loop,
 //! so that the 16 columns of the panel chunk a slice reads (`kc × 64` bytes, 32 KiB at `kc =
-//! 512`) are reused from cache by every row tile of the block.
+//! 512`) are reused from cache by every row tile of the block. A call of one or two rows
+//! (decoding) instead takes slices of 32 columns (1–2 rows × 4 vectors), so that streaming the
+//! panel from memory reads half of each 256-byte panel row per pass, not a quarter.
 //!
 //! **The row kernel** multiplies `MR` rows of `x` by `NR` rows of `W` with `MR · NR`
 //! accumulators: `4 × 3` (12 accumulators, the 3 rows of `W` held, `x` streamed) from 4 rows
@@ -26,6 +28,8 @@ use core::arch::x86_64::*;
 
 /// Columns per slice of the GEMM tile (two vectors).
 const SLICE: usize = 16;
+/// Columns per slice when a call has one or two rows (four vectors; see [`slices`]).
+const WIDE_SLICE: usize = 32;
 
 /// `y[i * ys + c] += Σ_kk x(i, kk) · wp[kk * 64 + c]` for rows `i < nr`, columns `c < w`,
 /// where `x(i, kk) = x[(i / 6) * gs + kk * 6 + i % 6]` (rows packed in groups of 6).
@@ -126,6 +130,40 @@ unsafe fn slices(
 ) {
     // Micro-tile t of this call prefetches (the first `ahead.tiles` of them).
     let mut t = 0;
+    if nr <= 2 {
+        // One or two rows (decoding a sentence or two) stream the panel from memory: slices
+        // of 32 columns read half of every 256-byte panel row per pass instead of a quarter,
+        // and each tile prefetches for two (8 or 16 accumulators, 4 panel vectors, one
+        // broadcast: at most 13 registers).
+        let mut c0 = 0;
+        while c0 < w {
+            let ws = (w - c0).min(WIDE_SLICE);
+            let nvv = ws.div_ceil(8);
+            // The lanes of the slice's last vector: 1..=8.
+            let last = ws - 8 * (nvv - 1);
+            let mask = lanes8(last);
+            let mut pf = || {
+                let p = ahead
+                    .filter(|a| t < a.tiles)
+                    .map(|a| a.base.wrapping_add(t * a.per_tile));
+                t += 1;
+                p
+            };
+            let p = [pf(), pf()];
+            // SAFETY: columns c0 .. c0 + ws of rows 0 .. nr are in the caller's contract; the
+            // tile touches only those (the masked vector's other lanes are neither read nor
+            // written).
+            let (wc, oc, m) = (wp.add(c0), out.at(0, c0), last < 8);
+            match nvv {
+                1 => wide::<1>(x, kc, wc, oc, nr, m, mask, p),
+                2 => wide::<2>(x, kc, wc, oc, nr, m, mask, p),
+                3 => wide::<3>(x, kc, wc, oc, nr, m, mask, p),
+                _ => wide::<4>(x, kc, wc, oc, nr, m, mask, p),
+            }
+            c0 += WIDE_SLICE;
+        }
+        return;
+    }
     let mut c0 = 0;
     while c0 < w {
         let ws = (w - c0).min(SLICE);
@@ -142,6 +180,30 @@ unsafe fn slices(
             (false, false) => rows::<1, true>(x, gs, kc, wc, oc, nr, mask, ahead, &mut t),
         }
         c0 += SLICE;
+    }
+}
+
+/// One or two rows × `8 * NV` columns (the last vector masked when `masked`), prefetching
+/// for two micro-tiles ([`slices`]).
+///
+/// # Safety
+/// As [`accumulate`] for the slice's columns, `1 <= nr <= 2`, `1 <= NV <= 4`.
+#[inline(always)]
+unsafe fn wide<const NV: usize>(
+    x: *const f32,
+    kc: usize,
+    wp: *const f32,
+    out: Out,
+    nr: usize,
+    masked: bool,
+    mask: __m256i,
+    p: [Option<*const f32>; 2],
+) {
+    match (nr, masked) {
+        (1, false) => tile::<NV, 1, false>(x, kc, wp, out, mask, p),
+        (1, true) => tile::<NV, 1, true>(x, kc, wp, out, mask, p),
+        (_, false) => tile::<NV, 2, false>(x, kc, wp, out, mask, p),
+        (_, true) => tile::<NV, 2, true>(x, kc, wp, out, mask, p),
     }
 }
 
@@ -171,7 +233,7 @@ unsafe fn rows<const NV: usize, const MASKED: bool>(
     let mut i = 0;
     while i + R <= nr {
         // SAFETY: rows i .. i + R <= nr (group i / R) are in the caller's contract.
-        tile::<NV, R, MASKED>(x.add(i / R * gs), kc, wp, out.at(i, 0), mask, pf());
+        tile::<NV, R, MASKED>(x.add(i / R * gs), kc, wp, out.at(i, 0), mask, [pf(), None]);
         i += R;
     }
     if i == nr {
@@ -180,19 +242,21 @@ unsafe fn rows<const NV: usize, const MASKED: bool>(
     // SAFETY: as above for the last nr - i < R rows, the first rows of group i / R.
     let (xi, oi) = (x.add(i / R * gs), out.at(i, 0));
     match nr - i {
-        1 => tile::<NV, 1, MASKED>(xi, kc, wp, oi, mask, pf()),
-        2 => tile::<NV, 2, MASKED>(xi, kc, wp, oi, mask, pf()),
-        3 => tile::<NV, 3, MASKED>(xi, kc, wp, oi, mask, pf()),
-        4 => tile::<NV, 4, MASKED>(xi, kc, wp, oi, mask, pf()),
-        _ => tile::<NV, 5, MASKED>(xi, kc, wp, oi, mask, pf()),
+        1 => tile::<NV, 1, MASKED>(xi, kc, wp, oi, mask, [pf(), None]),
+        2 => tile::<NV, 2, MASKED>(xi, kc, wp, oi, mask, [pf(), None]),
+        3 => tile::<NV, 3, MASKED>(xi, kc, wp, oi, mask, [pf(), None]),
+        4 => tile::<NV, 4, MASKED>(xi, kc, wp, oi, mask, [pf(), None]),
+        _ => tile::<NV, 5, MASKED>(xi, kc, wp, oi, mask, [pf(), None]),
     }
 }
 
 /// `RR` rows × `8 * NV` columns (the last vector masked by `mask` when `MASKED`), the sums in
-/// registers over the whole chunk.
+/// registers over the whole chunk; each address of `prefetch` is fetched into L2 one line per
+/// input step (hints, never faults).
 ///
 /// # Safety
-/// AVX2 and FMA available (F16C for an f16 `out`); `NV <= 2`, `RR <= 6`; `x` (one packed
+/// AVX2 and FMA available (F16C for an f16 `out`); `NV <= 2` with `RR <= 6`, or `NV <= 4`
+/// with `RR <= 2`; `x` (one packed
 /// group) readable at `kk * 6 + r` for `r < RR`, `kk < kc`; `wp` readable at `kk * 64 + c`
 /// and `out` at row `r < RR`, column `c`, for the columns named above (masked lanes are
 /// neither read nor written).
@@ -203,7 +267,7 @@ unsafe fn tile<const NV: usize, const RR: usize, const MASKED: bool>(
     wp: *const f32,
     out: Out,
     mask: __m256i,
-    prefetch: Option<*const f32>,
+    prefetch: [Option<*const f32>; 2],
 ) {
     let masked = |v: usize| MASKED && v + 1 == NV;
     let mut acc = [[_mm256_setzero_ps(); NV]; RR];
@@ -226,7 +290,7 @@ unsafe fn tile<const NV: usize, const RR: usize, const MASKED: bool>(
         Out::F16 { .. } => {}
     }
     for kk in 0..kc {
-        if let Some(p) = prefetch {
+        for p in prefetch.into_iter().flatten() {
             // A hint: never faults, whatever the address.
             _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(16 * kk).cast());
         }
