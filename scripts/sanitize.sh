@@ -39,7 +39,7 @@ if [[ $what == miri || $what == all ]]; then
   # Permissive provenance: crossbeam casts integers to pointers. Isolation off: the clock.
   # Ignore leaks: rayon's global pool threads are still parked when the tests end.
   MIRIFLAGS="-Zmiri-tree-borrows -Zmiri-permissive-provenance -Zmiri-disable-isolation -Zmiri-ignore-leaks" \
-    cargo +nightly miri test -p candle-attention --lib -- sdpa::cpu::tests sdpa::cpu::half projection::gemm projection::rows projection::half projection::bf16 simd:: kv_cache::
+    cargo +nightly miri test -p candle-attention --lib -- sdpa::cpu::tests sdpa::cpu::half projection::gemm projection::rows projection::lazy projection::half projection::bf16 simd:: kv_cache::
 fi
 
 if [[ $what == asan || $what == all ]]; then
