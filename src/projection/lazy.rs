@@ -30,7 +30,7 @@ const ON_THE_FLY_PRODUCTS: usize = 1;
 /// The lazily packed panels of one `(n, k)` weight; shared by the clones of its projection.
 #[derive(Default)]
 pub(super) struct LazyPanels {
-    /// Products of many rows so far (saturating in effect: only compared with a small count).
+    /// Products of many rows so far, counted until the weight is packed (then no longer read).
     large_products: AtomicUsize,
     /// `(ceil(n / 64), k, 64)` panels of `Wᵀ` (the layout of [`super::Weight::Packed`]),
     /// zero padded past column `n`.

@@ -271,8 +271,10 @@ impl Projection {
                 col0: col0 + start,
                 out: len,
             },
-            // The rows taken pack on their own when they are used that way (the fused
-            // projections narrowed here are used whole or in parts, not both).
+            // The rows taken pack on their own when they are used that way. A fused Q/K/V
+            // projection is used whole in self-attention and in parts in cross-attention (one
+            // `MultiHeadAttention` each in this crate's models); one used both ways would hold
+            // the narrowed rows packed twice: memory, not wrong answers.
             Weight::Mapped { matrix, .. } => Weight::Mapped {
                 matrix: matrix.narrow_rows(start, len).ok_or_else(|| {
                     candle::Error::Msg("internal: mapped rows out of range".into())
