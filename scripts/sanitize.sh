@@ -8,7 +8,9 @@
 #      conversions; the GEMM's in src/projection/gemm.rs, the in-place row kernel's in
 #      src/projection/rows.rs, the half-precision GEMM's in src/projection/half.rs and bf16.rs,
 #      the scratch buffer's, the row scans' and the element-wise passes' in src/simd/, the
-#      caches' row gathers and in-place row moves in src/kv_cache/rows.rs) through
+#      caches' row gathers and in-place row moves in src/kv_cache/rows.rs, the int8 product's
+#      quantization, tiles and dequantization in src/projection/int8.rs and the int8 panels
+#      read in place from a file in src/weights/int8.rs) through
 #      the safe wrappers. Miri reports no SIMD features, so `available_isas()` is the portable
 #      level only: this runs the portable kernels and every slice/index computation around
 #      them, with Tree Borrows checks.
@@ -16,7 +18,9 @@
 #      tests/half_props.rs: bf16/f16 with ragged tails, which on a CPU with AVX-512 BF16 run
 #      the vdpbf16ps kernels of src/sdpa/cpu/avx512_half.rs), the grouped-query tests, the
 #      projection tests (f32, bf16 and f16), the cache API tests (rows sharing a memory row,
-#      reordered in place) and the hostile-input table, natively. Every one of
+#      reordered in place), the int8 models (tests/quantized.rs: the AVX2, AVX-VNNI and
+#      AVX-512 VNNI int8 tiles of src/projection/int8_x86.rs through whole translations) and
+#      the hostile-input table, natively. Every one of
 #      them runs each kernel at every instruction set the CPU has (`testing::available_isas`:
 #      portable and AVX2 here, AVX-512 too on an AVX-512 host), so the AVX2 kernels of
 #      src/sdpa/cpu/avx2.rs, src/projection/avx2.rs and src/simd/{avx2,rows,elementwise}.rs
@@ -39,7 +43,7 @@ if [[ $what == miri || $what == all ]]; then
   # Permissive provenance: crossbeam casts integers to pointers. Isolation off: the clock.
   # Ignore leaks: rayon's global pool threads are still parked when the tests end.
   MIRIFLAGS="-Zmiri-tree-borrows -Zmiri-permissive-provenance -Zmiri-disable-isolation -Zmiri-ignore-leaks" \
-    cargo +nightly miri test -p candle-attention --lib -- sdpa::cpu::tests sdpa::cpu::half projection::gemm projection::rows projection::lazy projection::half projection::bf16 simd:: kv_cache::
+    cargo +nightly miri test -p candle-attention --lib -- sdpa::cpu::tests sdpa::cpu::half projection::gemm projection::rows projection::lazy projection::half projection::bf16 projection::int8 weights::int8 simd:: kv_cache::
 fi
 
 if [[ $what == asan || $what == all ]]; then
@@ -55,5 +59,5 @@ if [[ $what == asan || $what == all ]]; then
   RUSTFLAGS="-Zsanitizer=address" RUSTDOCFLAGS="-Zsanitizer=address" \
   ASAN_OPTIONS="detect_leaks=0" CARGO_TARGET_DIR=target/asan \
     cargo +nightly test "${build_std[@]}" --target "$target" -p candle-attention \
-      --lib --test tiled_props --test half_props --test gqa --test projection --test projection_half --test cache_api --test hostile_inputs -- --test-threads 2
+      --lib --test tiled_props --test half_props --test gqa --test projection --test projection_half --test cache_api --test quantized --test hostile_inputs -- --test-threads 2
 fi

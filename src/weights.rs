@@ -26,15 +26,18 @@
 //!
 //! Torch's optional `bias_k`, `bias_v` `(1, 1, E)` go with any of them.
 
+pub(crate) mod int8;
 mod layout;
 mod mapped;
 mod pth;
 mod source;
 mod tensor_file;
 
+pub use int8::Int8Matrix;
 pub use layout::{MhaLayout, MhaWeightsInfo, MHA_TENSOR_NAMES};
 pub use mapped::MappedMatrix;
 pub use pth::{PthCheckpoint, PthTensorInfo};
-pub use source::{WeightMatrix, WeightSource};
+pub(crate) use source::MatrixLog;
+pub use source::{Precision, Quantization, WeightMatrix, WeightSource};
 pub(crate) use tensor_file::refuse_int_as_float;
 pub use tensor_file::{join_name, normalize_prefix, save_tensors, TensorFile, TensorSummary};

@@ -4,6 +4,7 @@
 mod bench;
 mod bench_decode;
 mod bulk;
+mod convert;
 mod explain;
 mod inspect;
 mod marian;
@@ -63,6 +64,8 @@ enum Command {
     /// One attention block of a model on a text, step by step: Q·Kᵀ, ÷√d_k, mask, softmax,
     /// blend, heads; why √d_k, measured; every matrix with --json.
     Explain(explain::ExplainArgs),
+    /// Rewrite a Hugging Face model directory in int8 or bf16, to load in place.
+    Convert(convert::ConvertArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -174,6 +177,7 @@ fn main() -> ExitCode {
         Command::Train(args) => train::run(&args),
         Command::Translate(args) => translate::run(&args),
         Command::Explain(args) => explain::run(&args),
+        Command::Convert(args) => convert::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

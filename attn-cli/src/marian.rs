@@ -7,6 +7,7 @@ use candle_attention::generation::{generate_padded, GenerationConfig};
 use candle_attention::marian::MarianMTModel;
 use candle_attention::models::encoder_decoder::EncoderDecoderModel;
 use candle_attention::save_tensors;
+use candle_attention::weights::Precision;
 use candle_attention::TensorFile;
 use std::path::{Path, PathBuf};
 
@@ -24,11 +25,17 @@ pub struct RunMarianArgs {
     /// Where to compute: cpu, cuda or metal (the GPU ones need a build with that feature).
     #[arg(long, value_enum, default_value = "cpu")]
     device: crate::DeviceArg,
+    #[command(flatten)]
+    precision: crate::pretrained::PrecisionArgs,
 }
 
 /// Loads the model, with the directory in the error.
-pub fn load_model(dir: &Path, device: &Device) -> anyhow::Result<MarianMTModel> {
-    MarianMTModel::from_dir(dir, device)
+pub fn load_model(
+    dir: &Path,
+    device: &Device,
+    precision: Precision,
+) -> anyhow::Result<MarianMTModel> {
+    MarianMTModel::from_dir_with(dir, precision, device)
         .with_context(|| format!("loading the MarianMT model in {}", dir.display()))
 }
 
@@ -85,7 +92,7 @@ pub fn read_ids(file: &TensorFile, name: &str, device: &Device) -> anyhow::Resul
 
 pub fn run(args: &RunMarianArgs) -> anyhow::Result<()> {
     let device = args.device.device()?;
-    let model = load_model(&args.model, &device)?;
+    let model = load_model(&args.model, &device, args.precision.precision())?;
     forward_to_file(&model, "MarianMT", &args.inputs, &args.output, &device)
 }
 
@@ -263,6 +270,8 @@ pub struct GenerateArgs {
     /// Where to compute: cpu, cuda or metal (the GPU ones need a build with that feature).
     #[arg(long, value_enum, default_value = "cpu")]
     device: crate::DeviceArg,
+    #[command(flatten)]
+    precision: crate::pretrained::PrecisionArgs,
 }
 
 /// Refuses at once what the model cannot do with these settings (instead of minutes of work
@@ -348,7 +357,8 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
         cfg.forced_bos_token_id = Some(id);
     }
     let (ids, shape) = on_rayon_pool(|| -> anyhow::Result<_> {
-        let model = crate::pretrained::AnyModel::load(&args.model, &device)?;
+        let model =
+            crate::pretrained::AnyModel::load(&args.model, &device, args.precision.precision())?;
         if let crate::pretrained::AnyModel::Family(m) = &model {
             // The family config's special ids where the directory has no
             // generation_config.json (transformers builds it from the config object).

@@ -9,9 +9,46 @@ use candle_attention::models::checkpoint::Checkpoint;
 use candle_attention::models::encoder_decoder::EncoderDecoderModel;
 use candle_attention::models::family_config::FamilyConfig;
 use candle_attention::models::seq2seq::{Family, Seq2SeqModel};
+use candle_attention::weights::{Precision, Quantization};
 use std::path::{Path, PathBuf};
 
 /// A loaded model of any supported family.
+/// How a pretrained model is held and computed: `--dtype` and `--quantize` (the names scripts
+/// use; the README's "Precision" section gives the costs).
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct PrecisionArgs {
+    /// Compute dtype. f32: exact (the parity suites' dtype). bf16: half the weight bytes and
+    /// a faster memory-bound decoding step, outputs differing from f32 in ~1 % of tokens;
+    /// AVX-512 BF16 multiplies it natively, other CPUs convert it (bf16's memory, f32's
+    /// speed). f16: half the bytes, f32's speed on the CPU.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: crate::DTypeArg,
+    /// Quantize the weight matrices: int8 (one scale per output row, inputs quantized per row
+    /// at run time, as CTranslate2's int8): a quarter of the f32 weight bytes and the fastest
+    /// decoding step, outputs differing from f32 slightly more than bf16's; computes in f32 on
+    /// the CPU (not with --dtype bf16/f16).
+    #[arg(long, value_enum)]
+    pub quantize: Option<QuantizeArg>,
+}
+
+/// `--quantize` values.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum QuantizeArg {
+    Int8,
+}
+
+impl PrecisionArgs {
+    /// The library's [`Precision`].
+    pub fn precision(&self) -> Precision {
+        Precision {
+            dtype: self.dtype.dtype(),
+            quantize: self.quantize.map(|q| match q {
+                QuantizeArg::Int8 => Quantization::Int8,
+            }),
+        }
+    }
+}
+
 pub enum AnyModel {
     /// A MarianMT directory.
     Marian(MarianMTModel),
@@ -22,11 +59,13 @@ pub enum AnyModel {
 impl AnyModel {
     /// Loads `dir`, detecting the family from `config.json` (an unsupported `model_type` is an
     /// error naming it and the supported ones).
-    pub fn load(dir: &Path, device: &Device) -> anyhow::Result<Self> {
+    pub fn load(dir: &Path, device: &Device, precision: Precision) -> anyhow::Result<Self> {
         let family = Family::of_dir(dir)?;
         let model = match family {
-            Family::Marian => MarianMTModel::from_dir(dir, device).map(Self::Marian),
-            _ => Seq2SeqModel::from_dir(dir, device).map(Self::Family),
+            Family::Marian => {
+                MarianMTModel::from_dir_with(dir, precision, device).map(Self::Marian)
+            }
+            _ => Seq2SeqModel::from_dir_with(dir, precision, device).map(Self::Family),
         };
         model.with_context(|| format!("loading the {} model in {}", family.name(), dir.display()))
     }
@@ -63,13 +102,15 @@ pub struct RunSeq2SeqArgs {
     /// Where to compute: cpu, cuda or metal (the GPU ones need a build with that feature).
     #[arg(long, value_enum, default_value = "cpu")]
     device: crate::DeviceArg,
+    #[command(flatten)]
+    precision: PrecisionArgs,
 }
 
 /// `attn run seq2seq`: `model(input_ids, attention_mask, decoder_input_ids)` of any supported
 /// family, as `attn run marian` does for MarianMT.
 pub fn run(args: &RunSeq2SeqArgs) -> anyhow::Result<()> {
     let device = args.device.device()?;
-    let model = AnyModel::load(&args.model, &device)?;
+    let model = AnyModel::load(&args.model, &device, args.precision.precision())?;
     crate::marian::forward_to_file(
         model.model(),
         model.family_name(),

@@ -87,6 +87,9 @@ pub struct TranslateArgs {
     /// Where to compute: cpu, cuda or metal (the GPU ones need a build with that feature).
     #[arg(long, value_enum, default_value = "cpu")]
     device: crate::DeviceArg,
+    /// With --model: --dtype and --quantize.
+    #[command(flatten)]
+    precision: crate::pretrained::PrecisionArgs,
     /// Texts to translate; without any, one per line from standard input.
     texts: Vec<String>,
 }
@@ -140,6 +143,9 @@ pub fn run(args: &TranslateArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.model {
         return run_model(args, dir, heads);
     }
+    if args.precision.precision() != candle_attention::weights::Precision::default() {
+        anyhow::bail!("--dtype and --quantize apply to a Hugging Face --model directory");
+    }
     let beam = args.beam.unwrap_or(1);
     let device = args.device.device()?;
     let translator = match &args.weights {
@@ -185,7 +191,7 @@ fn run_model(args: &TranslateArgs, dir: &std::path::Path, heads: Heads) -> anyho
                 dir.display()
             )
         }
-        let translator = MarianTranslator::from_dir(dir, &device)
+        let translator = MarianTranslator::from_dir_with(dir, args.precision.precision(), &device)
             .with_context(|| format!("loading the MarianMT model in {}", dir.display()))?;
         let generation =
             crate::marian::generation_config(dir, args.beam, args.max_new_tokens, None)?;
@@ -204,8 +210,9 @@ fn run_model(args: &TranslateArgs, dir: &std::path::Path, heads: Heads) -> anyho
             dir.display()
         )
     };
-    let translator = MultilingualTranslator::from_dir(dir, src, tgt, &device)
-        .with_context(|| format!("loading the {} model in {}", family.name(), dir.display()))?;
+    let translator =
+        MultilingualTranslator::from_dir_with(dir, src, tgt, args.precision.precision(), &device)
+            .with_context(|| format!("loading the {} model in {}", family.name(), dir.display()))?;
     let generation = crate::marian::with_overrides(
         translator.generation_config().clone(),
         args.beam,

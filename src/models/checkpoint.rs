@@ -4,7 +4,8 @@
 //! missing tensor and the ones that exist. Integer weights are refused where the model needs
 //! floating-point ones.
 
-use crate::weights::{PthCheckpoint, TensorFile};
+use crate::weights::int8::INT8_SCALE_SUFFIX;
+use crate::weights::{PthCheckpoint, Quantization, TensorFile};
 use candle::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::VarBuilder;
@@ -107,6 +108,16 @@ impl Checkpoint {
             Self::Safetensors(f) => f.shape_of(name).ok(),
             Self::Pth(p) => p.info(name).map(|i| i.shape().to_vec()),
         }
+    }
+
+    /// How the weight matrices are stored when `attn convert` quantized them: `Some(Int8)`
+    /// for a safetensors file holding int8 matrices (`NAME` as `I8` with `NAME.int8_scale`).
+    pub fn quantization(&self) -> Option<Quantization> {
+        let file = self.mapped()?;
+        file.names()
+            .iter()
+            .any(|n| n.ends_with(INT8_SCALE_SUFFIX))
+            .then_some(Quantization::Int8)
     }
 
     /// Number of stored parameters (elements of every tensor).

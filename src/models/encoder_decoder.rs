@@ -26,7 +26,7 @@ use crate::transformer::{
     DecoderCache, DecoderMasks, EncoderMasks, ModelTrace, TransformerConfig, TransformerDecoder,
     TransformerEncoder,
 };
-use crate::weights::{MappedMatrix, WeightMatrix, WeightSource};
+use crate::weights::{Int8Matrix, MappedMatrix, MatrixLog, Precision, WeightMatrix, WeightSource};
 use candle::{DType, Device, Module, Tensor, D};
 
 /// How a family encodes positions.
@@ -308,6 +308,8 @@ pub struct EncoderDecoderModel {
 enum EmbeddingTable {
     Owned(Tensor),
     Mapped(MappedMatrix),
+    /// Quantized to int8: a looked-up row is dequantized (`scale · q`).
+    Int8(Int8Matrix),
 }
 
 impl EmbeddingTable {
@@ -322,13 +324,17 @@ impl EmbeddingTable {
                 let rows = m.gather_rows(&ids.flatten_all()?.to_vec1::<u32>()?)?;
                 Tensor::from_vec(rows, (b, t, d), ids.device())
             }
+            Self::Int8(m) => {
+                let rows = m.gather_rows(&ids.flatten_all()?.to_vec1::<u32>()?)?;
+                Tensor::from_vec(rows, (b, t, d), ids.device())
+            }
         }
     }
 }
 
 /// What a state dict calls the model: `model.` prefixed (a `...ForConditionalGeneration`) or
 /// not (the bare model).
-fn model_prefix(contains: impl Fn(&str) -> bool) -> &'static str {
+pub(crate) fn model_prefix(contains: impl Fn(&str) -> bool) -> &'static str {
     if contains("model.encoder.layers.0.self_attn.q_proj.weight") || contains("model.shared.weight")
     {
         "model."
@@ -350,13 +356,57 @@ impl EncoderDecoderModel {
         dtype: DType,
         device: &Device,
     ) -> candle::Result<Self> {
+        Self::load_with(spec, names, weights, dtype.into(), device)
+    }
+
+    /// [`EncoderDecoderModel::load`] in a [`Precision`]: a dtype, and with
+    /// `precision.quantize`, every weight matrix (projections, embedding tables, the output
+    /// projection) quantized as it is loaded (norms, biases and positions stay `f32`).
+    ///
+    /// A directory `attn convert --quantize int8` wrote ([`Checkpoint::quantization`]) loads
+    /// int8 whatever `precision.quantize` says (its matrices read in place from the file);
+    /// with a dtype other than `f32` it is an error.
+    pub fn load_with(
+        spec: EncoderDecoderSpec,
+        names: &WeightNames,
+        weights: &Checkpoint,
+        precision: Precision,
+        device: &Device,
+    ) -> candle::Result<Self> {
+        Self::load_logged(spec, names, weights, precision, device, None)
+    }
+
+    /// [`EncoderDecoderModel::load_with`], recording every matrix quantized at load into `log`.
+    pub(crate) fn load_logged(
+        spec: EncoderDecoderSpec,
+        names: &WeightNames,
+        weights: &Checkpoint,
+        mut precision: Precision,
+        device: &Device,
+        log: Option<MatrixLog>,
+    ) -> candle::Result<Self> {
+        if let Some(stored) = weights.quantization() {
+            if precision.dtype != DType::F32 {
+                candle::bail!(
+                    "{} holds {} weights (written by attn convert), which compute in f32: dtype {:?}                      cannot apply",
+                    weights.origin(),
+                    stored.name(),
+                    precision.dtype
+                )
+            }
+            precision.quantize = Some(stored);
+        }
+        precision.check(device)?;
+        let dtype = precision.dtype;
         let prefix = model_prefix(|n| weights.contains(n));
         let name = |n: &str| format!("{prefix}{n}");
         let vb = weights.var_builder(dtype, device);
         let source = match weights.mapped() {
             Some(file) => WeightSource::in_place(vb.clone(), file),
             None => WeightSource::load(vb.clone()),
-        };
+        }
+        .quantized(precision.quantize)?
+        .logging(log);
         let d = spec.d_model;
         let first_present = |candidates: &[String]| -> candle::Result<String> {
             candidates
@@ -380,6 +430,7 @@ impl EncoderDecoderModel {
                 match source.matrix((rows, d), tensor, candle_nn::Init::Const(0.0))? {
                     WeightMatrix::Mapped(m) => EmbeddingTable::Mapped(m),
                     WeightMatrix::Tensor(t) => EmbeddingTable::Owned(t),
+                    WeightMatrix::Int8(m) => EmbeddingTable::Int8(m),
                 },
             )
         };
@@ -421,6 +472,7 @@ impl EncoderDecoderModel {
             match &decoder_embed {
                 EmbeddingTable::Mapped(m) => Projection::from_mapped(m.clone(), bias)?,
                 EmbeddingTable::Owned(t) => Projection::shared(t, bias)?,
+                EmbeddingTable::Int8(m) => Projection::from_int8(m.clone(), bias)?,
             }
         } else {
             check_vocab(names.lm_head, vocab, "the target vocabulary size")?;

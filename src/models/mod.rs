@@ -15,6 +15,7 @@
 //! ([`crate::tokenizers`]); generation is [`crate::generation`] for all of them.
 
 pub mod checkpoint;
+pub mod convert;
 pub mod encoder_decoder;
 pub mod family_config;
 pub mod m2m100;

@@ -11,6 +11,7 @@ use super::translation::{attention_map, generate_rows};
 use crate::explain::AttentionMap;
 use crate::generation::{generate_hypotheses, GenerationConfig, Hypothesis};
 use crate::tokenizers::{load_multilingual_tokenizer, MultilingualTokenizer};
+use crate::weights::Precision;
 use candle::Device;
 use std::path::Path;
 
@@ -48,8 +49,20 @@ impl MultilingualTranslator {
         tgt_lang: &str,
         device: &Device,
     ) -> candle::Result<Self> {
+        Self::from_dir_with(dir, src_lang, tgt_lang, Precision::default(), device)
+    }
+
+    /// [`MultilingualTranslator::from_dir`] with the model in a [`Precision`]
+    /// ([`Seq2SeqModel::from_dir_with`]).
+    pub fn from_dir_with(
+        dir: impl AsRef<Path>,
+        src_lang: &str,
+        tgt_lang: &str,
+        precision: Precision,
+        device: &Device,
+    ) -> candle::Result<Self> {
         let dir = dir.as_ref();
-        let model = Seq2SeqModel::from_dir(dir, device)?;
+        let model = Seq2SeqModel::from_dir_with(dir, precision, device)?;
         let tokenizer = load_multilingual_tokenizer(dir)?;
         let vocab = model.spec().vocab_size;
         if tokenizer.len() > vocab {

@@ -12,6 +12,7 @@ use super::mbart::MBART;
 use crate::explain::ExplainModel;
 use crate::generation::StepDecoder;
 use crate::transformer::{ModelTrace, TransformerDecoder, TransformerEncoder};
+use crate::weights::Precision;
 use candle::{DType, Device, Tensor};
 use std::path::Path;
 
@@ -150,6 +151,16 @@ impl Seq2SeqModel {
         dtype: DType,
         device: &Device,
     ) -> candle::Result<Self> {
+        Self::from_dir_with(dir, dtype.into(), device)
+    }
+
+    /// [`Seq2SeqModel::from_dir`] in a [`Precision`]: a compute dtype, or int8 weights
+    /// quantized at load.
+    pub fn from_dir_with(
+        dir: impl AsRef<Path>,
+        precision: Precision,
+        device: &Device,
+    ) -> candle::Result<Self> {
         let dir = dir.as_ref();
         let family = Family::of_dir(dir)?;
         let Some(def) = family.definition() else {
@@ -161,7 +172,7 @@ impl Seq2SeqModel {
         };
         let cfg = FamilyConfig::load(dir.join("config.json"), def)?;
         let weights = Checkpoint::open_dir(dir)?;
-        Self::load(family, cfg, &weights, dtype, device)
+        Self::load_with(family, cfg, &weights, precision, device)
     }
 
     /// Builds the model of `family` from a config and a state dict, computing in `dtype` on
@@ -173,11 +184,27 @@ impl Seq2SeqModel {
         dtype: DType,
         device: &Device,
     ) -> candle::Result<Self> {
+        Self::load_with(family, cfg, weights, dtype.into(), device)
+    }
+
+    /// [`Seq2SeqModel::load`] in a [`Precision`] (see [`EncoderDecoderModel::load_with`]).
+    pub fn load_with(
+        family: Family,
+        cfg: FamilyConfig,
+        weights: &Checkpoint,
+        precision: Precision,
+        device: &Device,
+    ) -> candle::Result<Self> {
         let Some(def) = family.definition() else {
             candle::bail!("{} has its own model type (MarianMTModel)", family.name())
         };
-        let model =
-            EncoderDecoderModel::load(cfg.spec(def)?, &WeightNames::BART, weights, dtype, device)?;
+        let model = EncoderDecoderModel::load_with(
+            cfg.spec(def)?,
+            &WeightNames::BART,
+            weights,
+            precision,
+            device,
+        )?;
         Ok(Self { family, cfg, model })
     }
 

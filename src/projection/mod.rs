@@ -40,6 +40,9 @@ mod avx512_bf16;
 mod bf16;
 mod gemm;
 mod half;
+mod int8;
+#[cfg(target_arch = "x86_64")]
+mod int8_x86;
 mod kernels;
 mod lazy;
 mod portable;
@@ -47,7 +50,7 @@ mod rows;
 mod tile;
 
 use crate::simd::{cpu_f32, Isa};
-use crate::weights::{MappedMatrix, WeightMatrix};
+use crate::weights::{Int8Matrix, MappedMatrix, WeightMatrix};
 use candle::{DType, Device, Module, Tensor};
 use std::sync::Arc;
 
@@ -88,6 +91,14 @@ enum Weight {
         table: Tensor,
         packed: Arc<lazy::LazyPanels>,
     },
+    /// `W` quantized to int8 with a scale per output ([`Int8Matrix`], shared by clones and
+    /// with a tied embedding table), multiplied by [`int8`]; this projection is rows
+    /// `col0 .. col0 + out` of it.
+    Int8 {
+        matrix: Int8Matrix,
+        col0: usize,
+        out: usize,
+    },
 }
 
 /// `y = x Wᵀ + b`, a [`candle::Module`] over the last dimension: `x` `(..., in)` →
@@ -108,16 +119,6 @@ impl Projection {
     /// weight (a `Var`,
     /// CUDA, `f64`, ...) is kept as a view, so training updates stay visible.
     pub fn new(weight: &Tensor, bias: Option<Tensor>) -> candle::Result<Self> {
-        Self::with_packing(weight, bias, true)
-    }
-
-    /// [`Projection::new`], packing a half-precision weight only if `pack_half` (a shared
-    /// table stays one tensor).
-    fn with_packing(
-        weight: &Tensor,
-        bias: Option<Tensor>,
-        pack_half: bool,
-    ) -> candle::Result<Self> {
         let (out, inp) = weight.dims2().map_err(|_| {
             candle::Error::Msg(format!(
                 "a linear weight must be (out_features, in_features), got shape {:?}",
@@ -143,9 +144,8 @@ impl Projection {
             }
         }
         let packable = is_cpu_constant_f32(weight) && bias.as_ref().is_none_or(is_cpu_constant_f32);
-        let half_packable = pack_half
-            && is_cpu_constant_half(weight)
-            && bias.as_ref().is_none_or(is_cpu_constant_half);
+        let half_packable =
+            is_cpu_constant_half(weight) && bias.as_ref().is_none_or(is_cpu_constant_half);
         // The packed paths read the bias in place on every call: make it contiguous once here
         // (its narrowings by `narrow_outputs` stay contiguous).
         let bias = match bias {
@@ -186,7 +186,35 @@ impl Projection {
         match weight {
             WeightMatrix::Tensor(w) => Self::new(&w, bias),
             WeightMatrix::Mapped(m) => Self::from_mapped(m, bias),
+            WeightMatrix::Int8(m) => Self::from_int8(m, bias),
         }
+    }
+
+    /// A projection whose weight `W` `(out, in)` is quantized to int8 ([`Int8Matrix`]);
+    /// `bias` `(out)` must be a CPU `f32` tensor. Inputs and outputs are `f32`; each input row
+    /// is quantized at run time with a scale of its own and the products are exact integer
+    /// sums (see the `int8` kernels), which costs accuracy (about 1 % of each output's
+    /// magnitude) for a quarter of the weight's `f32` bytes.
+    pub fn from_int8(weight: Int8Matrix, bias: Option<Tensor>) -> candle::Result<Self> {
+        if let Some(b) = &bias {
+            if b.dims() != [weight.rows()] || !is_cpu_constant_f32(b) {
+                candle::bail!(
+                    "bias of an int8 linear layer must be a CPU f32 vector of {} values, got {:?} ({:?})",
+                    weight.rows(),
+                    b.dims(),
+                    b.dtype()
+                )
+            }
+        }
+        let out = weight.rows();
+        Ok(Self {
+            weight: Weight::Int8 {
+                matrix: weight,
+                col0: 0,
+                out,
+            },
+            bias: bias.map(|b| b.contiguous()).transpose()?,
+        })
     }
 
     /// A projection whose weight `W` `(out, in)` stays in a memory-mapped file (see
@@ -221,13 +249,14 @@ impl Projection {
     /// it: a tied output projection and the embedding table it is tied to stay one tensor.
     /// For a CPU `f32` constant the product reads `W`'s rows in place (the kernel of
     /// [`MappedMatrix`], packed once as [`Projection::from_mapped`] says when it keeps being
-    /// multiplied by many rows); anything else is kept as a view, as [`Projection::new`] keeps what it does
-    /// not pack (a half-precision table too: it is not copied into panels).
+    /// multiplied by many rows). A CPU half-precision table is packed as [`Projection::new`]
+    /// packs it, a copy (the table's size again): candle's half-precision matmul on a view
+    /// transposes the whole table at every call, 10x slower at a decoding step of an opus-mt
+    /// model. Anything else is kept as a view.
     pub fn shared(weight: &Tensor, bias: Option<Tensor>) -> candle::Result<Self> {
         if !(is_cpu_constant_f32(weight) && weight.rank() == 2) {
-            // Not packed, half precision included (packing would copy the shared table):
-            // candle's ops on a view of it.
-            return Self::with_packing(weight, bias, false);
+            // Half precision packed, anything else a view of it (`Projection::new`).
+            return Self::new(weight, bias);
         }
         if let Some(b) = &bias {
             if b.dims() != [weight.dim(0)?] || !is_cpu_constant_f32(b) {
@@ -285,6 +314,11 @@ impl Projection {
                 table: table.narrow(0, start, len)?,
                 packed: Arc::default(),
             },
+            Weight::Int8 { matrix, col0, .. } => Weight::Int8 {
+                matrix: matrix.clone(),
+                col0: col0 + start,
+                out: len,
+            },
         };
         Ok(Self {
             weight,
@@ -313,11 +347,16 @@ impl Projection {
                 Tensor::from_slice(w.data(), (w.rows(), w.cols()), &Device::Cpu)?.t()
             }
             Weight::Rows { table, .. } => table.t(),
+            Weight::Int8 { matrix, col0, out } => {
+                let k = matrix.cols();
+                let rows = matrix.dequantize();
+                Tensor::from_slice(&rows[col0 * k..(col0 + out) * k], (*out, k), &Device::Cpu)?.t()
+            }
         }
     }
 
     /// The weight `W` `(out, in)`, as given to [`Projection::new`] (for a packed CPU weight,
-    /// rebuilt from the panels: a copy).
+    /// rebuilt from the panels: a copy; for an int8 one, dequantized).
     pub fn weight(&self) -> candle::Result<Tensor> {
         self.transposed_weight()?.t()
     }
@@ -335,6 +374,7 @@ impl Projection {
             Weight::Half { panels, .. } => panels.in_features(),
             Weight::Mapped { matrix, .. } => matrix.cols(),
             Weight::Rows { table, .. } => table.dims()[1],
+            Weight::Int8 { matrix, .. } => matrix.cols(),
         }
     }
 
@@ -342,7 +382,9 @@ impl Projection {
     pub fn out_features(&self) -> usize {
         match &self.weight {
             Weight::View(wt) => wt.dims()[1],
-            Weight::Packed { out, .. } | Weight::Half { out, .. } => *out,
+            Weight::Packed { out, .. } | Weight::Half { out, .. } | Weight::Int8 { out, .. } => {
+                *out
+            }
             Weight::Mapped { matrix, .. } => matrix.rows(),
             Weight::Rows { table, .. } => table.dims()[0],
         }
@@ -353,7 +395,10 @@ impl Projection {
         match &self.weight {
             Weight::View(wt) => wt.dtype(),
             Weight::Half { panels, .. } => panels.dtype(),
-            Weight::Packed { .. } | Weight::Mapped { .. } | Weight::Rows { .. } => DType::F32,
+            Weight::Packed { .. }
+            | Weight::Mapped { .. }
+            | Weight::Rows { .. }
+            | Weight::Int8 { .. } => DType::F32,
         }
     }
 
@@ -362,7 +407,10 @@ impl Projection {
         match &self.weight {
             Weight::View(wt) => wt.device(),
             Weight::Packed { panels, .. } => panels.device(),
-            Weight::Half { .. } | Weight::Mapped { .. } | Weight::Rows { .. } => &Device::Cpu,
+            Weight::Half { .. }
+            | Weight::Mapped { .. }
+            | Weight::Rows { .. }
+            | Weight::Int8 { .. } => &Device::Cpu,
         }
     }
 }
@@ -427,6 +475,25 @@ impl Projection {
                 let y = panels.linear(isa, &x.contiguous()?, m, *col0, n, self.bias.as_ref())?;
                 return y.reshape(out_dims);
             }
+        }
+        if let Weight::Int8 { matrix, col0, .. } = &self.weight {
+            if !is_cpu_constant_f32(x) {
+                candle::bail!(
+                    "an int8 linear layer takes CPU f32 inputs that track no gradient, got {:?} on {:?}",
+                    x.dtype(),
+                    x.device().location()
+                )
+            }
+            let x = x.contiguous()?;
+            let (xs, xl) = x.storage_and_layout();
+            let xv = &cpu_f32(&xs)?[xl.start_offset()..][..m * k];
+            let bias_guard = self.bias.as_ref().map(|b| b.storage_and_layout());
+            let bias = match &bias_guard {
+                Some((bs, bl)) => Some(&cpu_f32(bs)?[bl.start_offset()..][..n]),
+                None => None,
+            };
+            let y = int8::linear(isa, xv, m, matrix, *col0, n, bias);
+            return Tensor::from_vec(y, out_dims, &Device::Cpu);
         }
         // `W` read row by row where it lies: a mapped file or a shared tensor.
         let rows_guard = match &self.weight {

@@ -41,3 +41,7 @@ impl OutPtr {
 unsafe impl Send for OutPtr {}
 // SAFETY: as above.
 unsafe impl Sync for OutPtr {}
+
+/// Input rows per micro-tile of the int8 kernels, at most (`super::int8`): 6 rows × 4
+/// vectors of AVX-512 accumulators, as [`R`].
+pub(crate) const MAX_TILE_ROWS: usize = 6;

@@ -19,6 +19,7 @@
 //! other stored forms of a weight matrix are new [`WeightMatrix`] kinds: the constructors do
 //! not change.
 
+use super::int8::Int8Matrix;
 use super::mapped::MappedMatrix;
 use super::tensor_file::{join_name, TensorFile};
 use candle::{DType, Tensor};
@@ -32,6 +33,73 @@ pub enum WeightMatrix {
     Tensor(Tensor),
     /// `f32` values read in place from a memory-mapped file.
     Mapped(MappedMatrix),
+    /// Quantized to int8, a scale per row.
+    Int8(Int8Matrix),
+}
+
+/// A storage form for weight matrices other than their dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Quantization {
+    /// int8 with one symmetric scale per row ([`Int8Matrix`]), inputs quantized per row at
+    /// run time: a quarter of the `f32` bytes, CPU only, computing in `f32`.
+    Int8,
+}
+
+impl Quantization {
+    /// The name the CLI and the model directories use: `int8`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Quantization::Int8 => "int8",
+        }
+    }
+}
+
+/// How a model's weights are held and what it computes in: a dtype (`F32`, `BF16`, `F16`),
+/// and optionally its weight matrices quantized ([`Quantization`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Precision {
+    /// What activations (and unquantized weights) are computed in.
+    pub dtype: DType,
+    /// The weight matrices' quantization, if any.
+    pub quantize: Option<Quantization>,
+}
+
+impl Default for Precision {
+    fn default() -> Self {
+        Self::from(DType::F32)
+    }
+}
+
+impl From<DType> for Precision {
+    fn from(dtype: DType) -> Self {
+        Self {
+            dtype,
+            quantize: None,
+        }
+    }
+}
+
+impl Precision {
+    /// Refuses what cannot run: a quantized model computes in `f32` on the CPU.
+    pub fn check(&self, device: &candle::Device) -> candle::Result<()> {
+        if let Some(q) = self.quantize {
+            if self.dtype != DType::F32 {
+                candle::bail!(
+                    "{} weights compute in f32: they cannot be combined with dtype {:?}",
+                    q.name(),
+                    self.dtype
+                )
+            }
+            if !device.is_cpu() {
+                candle::bail!(
+                    "{} weights run on the CPU only, not on {:?}",
+                    q.name(),
+                    device.location()
+                )
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Where the tensors of a layer come from: a checkpoint, a checkpoint whose `f32` projection
@@ -44,7 +112,15 @@ pub struct WeightSource<'a> {
     creates: bool,
     /// The mapped file the `f32` projection weights are read from in place.
     in_place: Option<TensorFile>,
+    /// How weight matrices are quantized as they are handed out.
+    quantize: Option<Quantization>,
+    /// Where the matrices quantized here are recorded (for writing them to a file).
+    log: Option<MatrixLog>,
 }
+
+/// The matrices a quantizing [`WeightSource`] produced, by full name (`attn convert` writes
+/// them out).
+pub(crate) type MatrixLog = std::sync::Arc<std::sync::Mutex<Vec<(String, Int8Matrix)>>>;
 
 impl std::fmt::Debug for WeightSource<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -52,6 +128,7 @@ impl std::fmt::Debug for WeightSource<'_> {
             .field("prefix", &self.vb.prefix())
             .field("creates", &self.creates)
             .field("in_place", &self.in_place.as_ref().map(|t| t.origin()))
+            .field("quantize", &self.quantize)
             .finish()
     }
 }
@@ -63,6 +140,8 @@ impl<'a> WeightSource<'a> {
             vb,
             creates: false,
             in_place: None,
+            quantize: None,
+            log: None,
         }
     }
 
@@ -85,7 +164,34 @@ impl<'a> WeightSource<'a> {
             vb,
             creates: true,
             in_place: None,
+            quantize: None,
+            log: None,
         }
+    }
+
+    /// This source with its weight matrices ([`WeightSource::matrix`]) quantized as `quantize`
+    /// says (stored tensors only; `None` hands them out as stored). Refused unless the source
+    /// computes in `f32` on the CPU ([`Precision::check`]) and reads stored tensors.
+    pub fn quantized(self, quantize: Option<Quantization>) -> candle::Result<Self> {
+        if let Some(q) = quantize {
+            Precision {
+                dtype: self.vb.dtype(),
+                quantize,
+            }
+            .check(self.vb.device())?;
+            if self.creates {
+                candle::bail!(
+                    "{} quantization applies to stored weights, not fresh ones",
+                    q.name()
+                )
+            }
+        }
+        Ok(Self { quantize, ..self })
+    }
+
+    /// This source recording every matrix it quantizes into `log`.
+    pub(crate) fn logging(self, log: Option<MatrixLog>) -> Self {
+        Self { log, ..self }
     }
 
     /// The source under `prefix.s`.
@@ -94,6 +200,8 @@ impl<'a> WeightSource<'a> {
             vb: self.vb.pp(s),
             creates: self.creates,
             in_place: self.in_place.clone(),
+            quantize: self.quantize,
+            log: self.log.clone(),
         }
     }
 
@@ -133,7 +241,8 @@ impl<'a> WeightSource<'a> {
         }
     }
 
-    /// The weight matrix `name` `(rows, cols)`: in place from the mapped file where this source
+    /// The weight matrix `name` `(rows, cols)`: quantized when this source quantizes
+    /// ([`WeightSource::quantized`]); else in place from the mapped file where this source
     /// has one and the tensor is `f32` there, else as [`WeightSource::tensor`] gives it.
     pub fn matrix(
         &self,
@@ -141,6 +250,35 @@ impl<'a> WeightSource<'a> {
         name: &str,
         init: Init,
     ) -> candle::Result<WeightMatrix> {
+        if let Some(Quantization::Int8) = self.quantize {
+            let full = join_name(&self.vb.prefix(), name);
+            let stored = self
+                .in_place
+                .as_ref()
+                .and_then(|file| Int8Matrix::in_file(file, &full, out, inp));
+            if let Some(matrix) = stored {
+                return matrix.map(WeightMatrix::Int8);
+            }
+            let mapped = self
+                .in_place
+                .as_ref()
+                .and_then(|file| MappedMatrix::in_file(file, &full, out, inp));
+            let quantized = match mapped {
+                Some(m) => Int8Matrix::quantize(m.data(), out, inp),
+                None => {
+                    let w = self.tensor((out, inp), name, init)?;
+                    Int8Matrix::quantize(&w.flatten_all()?.to_vec1::<f32>()?, out, inp)
+                }
+            };
+            let quantized = quantized
+                .map_err(|e| candle::Error::Msg(format!("quantizing '{full}' to int8: {e}")))?;
+            if let Some(log) = &self.log {
+                log.lock()
+                    .map_err(|_| candle::Error::Msg("internal: the matrix log is poisoned".into()))?
+                    .push((full, quantized.clone()));
+            }
+            return Ok(WeightMatrix::Int8(quantized));
+        }
         if let Some(file) = &self.in_place {
             let full = join_name(&self.vb.prefix(), name);
             if let Some(m) = MappedMatrix::in_file(file, &full, out, inp) {

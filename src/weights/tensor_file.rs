@@ -253,6 +253,21 @@ impl TensorFile {
         })
     }
 
+    /// The stored bytes of `name` (safetensors' little-endian layout) with the dtype and shape
+    /// the header gives, or `None` when absent.
+    pub(crate) fn raw(&self, name: &str) -> Option<(&[u8], StDtype, &[usize])> {
+        let info = self.inner.infos.get(name)?;
+        let (start, end) = info.data_offsets;
+        let data = &self.inner.bytes[self.inner.data_start + start..self.inner.data_start + end];
+        Some((data, info.dtype, info.shape.as_slice()))
+    }
+
+    /// Byte offset of `name`'s data in [`TensorFile::bytes`], or `None` when absent.
+    pub(crate) fn offset_of(&self, name: &str) -> Option<usize> {
+        let info = self.inner.infos.get(name)?;
+        Some(self.inner.data_start + info.data_offsets.0)
+    }
+
     /// Loads `name` onto `device` in its stored dtype. `BOOL` tensors become `U8` (0 or 1).
     pub fn load(&self, name: &str, device: &Device) -> candle::Result<Tensor> {
         let info = self

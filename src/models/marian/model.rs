@@ -7,6 +7,7 @@ use crate::generation::StepDecoder;
 use crate::models::checkpoint::{list_dir, Checkpoint};
 use crate::models::encoder_decoder::{DecodeState, EncoderDecoderModel, WeightNames};
 use crate::transformer::{ModelTrace, TransformerDecoder, TransformerEncoder};
+use crate::weights::Precision;
 use candle::{DType, Device, Tensor};
 use std::path::Path;
 
@@ -35,6 +36,16 @@ impl MarianMTModel {
     /// Loads a MarianMT directory as the Hugging Face hub has it: `config.json` and the weights
     /// in `model.safetensors` or `pytorch_model.bin` (f32, f16 or bf16; computed in f32).
     pub fn from_dir(dir: impl AsRef<Path>, device: &Device) -> candle::Result<Self> {
+        Self::from_dir_with(dir, Precision::default(), device)
+    }
+
+    /// [`MarianMTModel::from_dir`] in a [`Precision`]: `f32` (the default), `bf16` or `f16`
+    /// compute, or int8 weights ([`crate::weights::Quantization::Int8`], quantized at load).
+    pub fn from_dir_with(
+        dir: impl AsRef<Path>,
+        precision: Precision,
+        device: &Device,
+    ) -> candle::Result<Self> {
         let dir = dir.as_ref();
         if !dir.is_dir() {
             candle::bail!(
@@ -52,7 +63,7 @@ impl MarianMTModel {
         }
         let cfg = MarianConfig::load(&config)?;
         let weights = Checkpoint::open_dir(dir)?;
-        Self::load(cfg, &weights, DType::F32, device)
+        Self::load_with(cfg, &weights, precision, device)
     }
 
     /// Builds the model from a config and a state dict, computing in `dtype` on `device` (see
@@ -64,8 +75,23 @@ impl MarianMTModel {
         dtype: DType,
         device: &Device,
     ) -> candle::Result<Self> {
-        let model =
-            EncoderDecoderModel::load(cfg.spec()?, &WeightNames::BART, weights, dtype, device)?;
+        Self::load_with(cfg, weights, dtype.into(), device)
+    }
+
+    /// [`MarianMTModel::load`] in a [`Precision`] (see [`EncoderDecoderModel::load_with`]).
+    pub fn load_with(
+        cfg: MarianConfig,
+        weights: &Checkpoint,
+        precision: Precision,
+        device: &Device,
+    ) -> candle::Result<Self> {
+        let model = EncoderDecoderModel::load_with(
+            cfg.spec()?,
+            &WeightNames::BART,
+            weights,
+            precision,
+            device,
+        )?;
         Ok(Self { cfg, model })
     }
 

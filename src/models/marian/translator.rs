@@ -8,6 +8,7 @@ use crate::explain::{AttentionMap, TeacherForcing};
 use crate::generation::{generate, generate_hypotheses, GenerationConfig, Hypothesis};
 use crate::models::translation::{attention_map, generate_rows};
 use crate::tokenizers::MarianTokenizer;
+use crate::weights::Precision;
 use candle::{Device, Tensor};
 use std::path::Path;
 
@@ -39,8 +40,18 @@ impl MarianTranslator {
     /// (`generation_config.json`, else `config.json`). The tokenizer's vocabulary must match
     /// the model's (an error names both sizes).
     pub fn from_dir(dir: impl AsRef<Path>, device: &Device) -> candle::Result<Self> {
+        Self::from_dir_with(dir, Precision::default(), device)
+    }
+
+    /// [`MarianTranslator::from_dir`] with the model in a [`Precision`]
+    /// ([`MarianMTModel::from_dir_with`]).
+    pub fn from_dir_with(
+        dir: impl AsRef<Path>,
+        precision: Precision,
+        device: &Device,
+    ) -> candle::Result<Self> {
         let dir = dir.as_ref();
-        let model = MarianMTModel::from_dir(dir, device)?;
+        let model = MarianMTModel::from_dir_with(dir, precision, device)?;
         let tokenizer = MarianTokenizer::from_dir(dir)?;
         tokenizer.check_model_vocab_size(model.config().vocab_size)?;
         let generation = GenerationConfig::from_model_dir(dir)?;
