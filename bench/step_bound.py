@@ -53,6 +53,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--precision", default="f32", help="f32, bf16 or int8 (bytes counted from the "
+                    "model's safetensors: pass an `attn convert` directory for int8 or bf16)")
     args = ap.parse_args()
     examples = ROOT / "target" / "release" / "examples"
     env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
@@ -67,7 +69,7 @@ def main():
         bw_out = subprocess.run([examples / "mem_bandwidth", str(args.threads), "256"], capture_output=True,
                                 text=True, check=True).stdout
         bw = float(re.search(r"read ([0-9.]+) GB/s", bw_out).group(1))
-        out = subprocess.run([examples / "marian_speed", args.model_dir, args.inputs, str(args.steps)],
+        out = subprocess.run([examples / "marian_speed", args.model_dir, args.inputs, str(args.steps), args.precision],
                              capture_output=True, text=True, check=True, env=env).stdout
         step = float(re.search(r"\(([0-9.]+) ms/step", out).group(1))
         bound = nbytes / (bw * 1e9) * 1e3

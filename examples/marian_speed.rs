@@ -1,11 +1,14 @@
 //! Times MarianMT loading and greedy decoding on a model directory (a quick profile; the
 //! side-by-side benchmark against transformers is bench/compare_marian.py).
 //!
-//! `cargo run --release --example marian_speed -- DIR INPUTS.safetensors [STEPS]`
+//! `cargo run --release --example marian_speed -- DIR INPUTS.safetensors [STEPS] [f32|bf16|int8]`
+//! (the last: the precision, `--dtype` / `--quantize` of `attn`; default f32, or int8 for a
+//! directory `attn convert --quantize int8` wrote).
 
 use anyhow::Context;
 use candle::{DType, Device, Tensor};
 use candle_attention::marian::MarianMTModel;
+use candle_attention::weights::{Precision, Quantization};
 use candle_attention::{StepDecoder, TensorFile};
 use std::time::Instant;
 
@@ -24,8 +27,17 @@ fn run() -> anyhow::Result<()> {
         _ => anyhow::bail!("usage: marian_speed DIR INPUTS.safetensors [STEPS]"),
     };
     let steps: usize = args.get(3).map_or(Ok(32), |s| s.parse()).context("STEPS")?;
+    let precision = match args.get(4).map(String::as_str) {
+        None | Some("f32") => Precision::default(),
+        Some("bf16") => Precision::from(DType::BF16),
+        Some("int8") => Precision {
+            dtype: DType::F32,
+            quantize: Some(Quantization::Int8),
+        },
+        Some(other) => anyhow::bail!("precision {other:?}: expected f32, bf16 or int8"),
+    };
     let t0 = Instant::now();
-    let model = MarianMTModel::from_dir(dir, &Device::Cpu)?;
+    let model = MarianMTModel::from_dir_with(dir, precision, &Device::Cpu)?;
     let load = t0.elapsed();
     let file = TensorFile::open(inputs)?;
     let ids = file.load("input_ids", &Device::Cpu)?.to_dtype(DType::U32)?;
@@ -41,7 +53,7 @@ fn run() -> anyhow::Result<()> {
     let t2 = Instant::now();
     for _ in 0..steps {
         let logp: Tensor = model.step(&mut state, &tokens)?;
-        tokens = logp.argmax(1)?.to_vec1::<u32>()?;
+        tokens = logp.to_dtype(DType::F32)?.argmax(1)?.to_vec1::<u32>()?;
     }
     let decode = t2.elapsed();
     println!(

@@ -35,7 +35,7 @@ mod tensor_file;
 
 pub use int8::Int8Matrix;
 pub use layout::{MhaLayout, MhaWeightsInfo, MHA_TENSOR_NAMES};
-pub use mapped::MappedMatrix;
+pub use mapped::{MappedBf16Matrix, MappedMatrix};
 pub use pth::{PthCheckpoint, PthTensorInfo};
 pub(crate) use source::MatrixLog;
 pub use source::{Precision, Quantization, WeightMatrix, WeightSource};

@@ -26,7 +26,9 @@ use crate::transformer::{
     DecoderCache, DecoderMasks, EncoderMasks, ModelTrace, TransformerConfig, TransformerDecoder,
     TransformerEncoder,
 };
-use crate::weights::{Int8Matrix, MappedMatrix, MatrixLog, Precision, WeightMatrix, WeightSource};
+use crate::weights::{
+    Int8Matrix, MappedBf16Matrix, MappedMatrix, MatrixLog, Precision, WeightMatrix, WeightSource,
+};
 use candle::{DType, Device, Module, Tensor, D};
 
 /// How a family encodes positions.
@@ -310,6 +312,8 @@ enum EmbeddingTable {
     Mapped(MappedMatrix),
     /// Quantized to int8: a looked-up row is dequantized (`scale · q`).
     Int8(Int8Matrix),
+    /// bf16 rows read in place from a mapped file.
+    MappedBf16(MappedBf16Matrix),
 }
 
 impl EmbeddingTable {
@@ -328,6 +332,9 @@ impl EmbeddingTable {
                 let rows = m.gather_rows(&ids.flatten_all()?.to_vec1::<u32>()?)?;
                 Tensor::from_vec(rows, (b, t, d), ids.device())
             }
+            Self::MappedBf16(m) => m
+                .gather_rows(&ids.flatten_all()?.to_vec1::<u32>()?)?
+                .reshape((b, t, d)),
         }
     }
 }
@@ -431,6 +438,7 @@ impl EncoderDecoderModel {
                     WeightMatrix::Mapped(m) => EmbeddingTable::Mapped(m),
                     WeightMatrix::Tensor(t) => EmbeddingTable::Owned(t),
                     WeightMatrix::Int8(m) => EmbeddingTable::Int8(m),
+                    WeightMatrix::MappedBf16(m) => EmbeddingTable::MappedBf16(m),
                 },
             )
         };
@@ -473,6 +481,7 @@ impl EncoderDecoderModel {
                 EmbeddingTable::Mapped(m) => Projection::from_mapped(m.clone(), bias)?,
                 EmbeddingTable::Owned(t) => Projection::shared(t, bias)?,
                 EmbeddingTable::Int8(m) => Projection::from_int8(m.clone(), bias)?,
+                EmbeddingTable::MappedBf16(m) => Projection::from_mapped_bf16(m.clone(), bias)?,
             }
         } else {
             check_vocab(names.lm_head, vocab, "the target vocabulary size")?;

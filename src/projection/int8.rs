@@ -32,7 +32,7 @@
 
 use super::tile::{OutPtr, MAX_TILE_ROWS};
 use crate::simd::Isa;
-use crate::weights::int8::{quantize_value, row_scale, INT8_GROUP, INT8_PANEL};
+use crate::weights::int8::{quantize_row, INT8_GROUP, INT8_PANEL};
 use crate::weights::Int8Matrix;
 use rayon::prelude::*;
 
@@ -204,23 +204,6 @@ pub(super) struct QuantizedRows {
     pub(super) bytes: Vec<u8>,
     pub(super) scales: Vec<f32>,
     pub(super) stride: usize,
-}
-
-/// Quantizes one row: `dst` gets its bytes (`q`, or `q + 128` as a byte when `flip` is
-/// 0x80), the result is its scale (NaN for a row with a NaN or an infinity, whose bytes are
-/// left as they are). Inlined into each level's wrapper, so that it vectorises for it.
-#[inline(always)]
-pub(super) fn quantize_row(row: &[f32], dst: &mut [u8], flip: u8) -> f32 {
-    match row_scale(row) {
-        Some((s, inv)) => {
-            for (d, &v) in dst.iter_mut().zip(row) {
-                // `q + 128` as a byte is `q`'s bits with the top one flipped.
-                *d = quantize_value(v, inv) as u8 ^ flip;
-            }
-            s
-        }
-        None => f32::NAN,
-    }
 }
 
 /// Quantizes the `m` rows of `x` `(m, k)` (see [`QuantizedRows`]) for `kernel`.
@@ -420,6 +403,7 @@ impl Segment<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::weights::int8::{quantize_value, row_scale};
 
     /// Deterministic values in `[-1, 1)` with a few large ones (as activations have).
     fn values(len: usize, seed: u64) -> Vec<f32> {

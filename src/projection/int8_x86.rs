@@ -40,13 +40,13 @@ pub(super) fn features() -> Features {
     })
 }
 
-/// [`super::int8::quantize_row`] compiled for AVX2.
+/// [`crate::weights::int8::quantize_row`] compiled for AVX2.
 ///
 /// # Safety
 /// AVX2 and FMA are available.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn quantize_row_avx2(row: &[f32], dst: &mut [u8], flip: u8) -> f32 {
-    super::int8::quantize_row(row, dst, flip)
+    crate::weights::int8::quantize_row(row, dst, flip)
 }
 
 /// Bytes of one column group of a panel: 4 inputs of 64 outputs.

@@ -38,6 +38,7 @@ mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_bf16;
 mod bf16;
+mod bf16_rows;
 mod gemm;
 mod half;
 mod int8;
@@ -50,7 +51,7 @@ mod rows;
 mod tile;
 
 use crate::simd::{cpu_f32, Isa};
-use crate::weights::{Int8Matrix, MappedMatrix, WeightMatrix};
+use crate::weights::{Int8Matrix, MappedBf16Matrix, MappedMatrix, WeightMatrix};
 use candle::{DType, Device, Module, Tensor};
 use std::sync::Arc;
 
@@ -91,6 +92,14 @@ enum Weight {
         table: Tensor,
         packed: Arc<lazy::LazyPanels>,
     },
+    /// `W` `(out, in)` bf16 read in place from a memory-mapped file ([`MappedBf16Matrix`]):
+    /// products of a few rows read it where it lies (`bf16_rows`); a weight multiplied by
+    /// [`rows::PACKED_MIN_ROWS`] rows or more a second time is packed once into bf16 pair
+    /// panels ([`half`]), shared by clones.
+    MappedBf16 {
+        matrix: MappedBf16Matrix,
+        packed: Arc<LazyHalf>,
+    },
     /// `W` quantized to int8 with a scale per output ([`Int8Matrix`], shared by clones and
     /// with a tied embedding table), multiplied by [`int8`]; this projection is rows
     /// `col0 .. col0 + out` of it.
@@ -99,6 +108,48 @@ enum Weight {
         col0: usize,
         out: usize,
     },
+}
+
+/// The pair panels of a [`Weight::MappedBf16`], made on its second product of many rows.
+#[derive(Debug, Default)]
+struct LazyHalf {
+    large_products: std::sync::atomic::AtomicUsize,
+    panels: std::sync::OnceLock<half::HalfPanels>,
+}
+
+impl LazyHalf {
+    /// The panels for a product of `m` rows, if it should use them (packing `matrix` on the
+    /// second product of [`rows::PACKED_MIN_ROWS`] rows or more).
+    fn panels(
+        &self,
+        m: usize,
+        matrix: &MappedBf16Matrix,
+    ) -> candle::Result<Option<&half::HalfPanels>> {
+        if m < rows::PACKED_MIN_ROWS {
+            return Ok(None);
+        }
+        if let Some(p) = self.panels.get() {
+            return Ok(Some(p));
+        }
+        if self
+            .large_products
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            == 0
+        {
+            return Ok(None);
+        }
+        let w = Tensor::from_vec(
+            matrix
+                .bits()
+                .iter()
+                .map(|&b| ::half::bf16::from_bits(b))
+                .collect::<Vec<_>>(),
+            (matrix.rows(), matrix.cols()),
+            &Device::Cpu,
+        )?;
+        let packed = half::HalfPanels::pack(&w)?;
+        Ok(Some(self.panels.get_or_init(|| packed)))
+    }
 }
 
 /// `y = x Wᵀ + b`, a [`candle::Module`] over the last dimension: `x` `(..., in)` →
@@ -187,7 +238,37 @@ impl Projection {
             WeightMatrix::Tensor(w) => Self::new(&w, bias),
             WeightMatrix::Mapped(m) => Self::from_mapped(m, bias),
             WeightMatrix::Int8(m) => Self::from_int8(m, bias),
+            WeightMatrix::MappedBf16(m) => Self::from_mapped_bf16(m, bias),
         }
+    }
+
+    /// A projection whose bf16 weight `W` `(out, in)` stays in a memory-mapped file
+    /// ([`MappedBf16Matrix`]); `bias` `(out)` must be a CPU `bf16` tensor. Inputs and outputs
+    /// are bf16, accumulated in `f32`.
+    pub fn from_mapped_bf16(
+        weight: MappedBf16Matrix,
+        bias: Option<Tensor>,
+    ) -> candle::Result<Self> {
+        if let Some(b) = &bias {
+            if b.dims() != [weight.rows()]
+                || !matches!(b.device(), Device::Cpu)
+                || b.dtype() != DType::BF16
+            {
+                candle::bail!(
+                    "bias of a mapped bf16 linear layer must be a CPU bf16 vector of {} values, got {:?} ({:?})",
+                    weight.rows(),
+                    b.dims(),
+                    b.dtype()
+                )
+            }
+        }
+        Ok(Self {
+            weight: Weight::MappedBf16 {
+                matrix: weight,
+                packed: Arc::default(),
+            },
+            bias: bias.map(|b| b.contiguous()).transpose()?,
+        })
     }
 
     /// A projection whose weight `W` `(out, in)` is quantized to int8 ([`Int8Matrix`]);
@@ -319,6 +400,12 @@ impl Projection {
                 col0: col0 + start,
                 out: len,
             },
+            Weight::MappedBf16 { matrix, .. } => Weight::MappedBf16 {
+                matrix: matrix.narrow_rows(start, len).ok_or_else(|| {
+                    candle::Error::Msg("internal: mapped rows out of range".into())
+                })?,
+                packed: Arc::default(),
+            },
         };
         Ok(Self {
             weight,
@@ -347,6 +434,15 @@ impl Projection {
                 Tensor::from_slice(w.data(), (w.rows(), w.cols()), &Device::Cpu)?.t()
             }
             Weight::Rows { table, .. } => table.t(),
+            Weight::MappedBf16 { matrix: w, .. } => Tensor::from_vec(
+                w.bits()
+                    .iter()
+                    .map(|&b| ::half::bf16::from_bits(b))
+                    .collect::<Vec<_>>(),
+                (w.rows(), w.cols()),
+                &Device::Cpu,
+            )?
+            .t(),
             Weight::Int8 { matrix, col0, out } => {
                 let k = matrix.cols();
                 let rows = matrix.dequantize();
@@ -375,6 +471,7 @@ impl Projection {
             Weight::Mapped { matrix, .. } => matrix.cols(),
             Weight::Rows { table, .. } => table.dims()[1],
             Weight::Int8 { matrix, .. } => matrix.cols(),
+            Weight::MappedBf16 { matrix, .. } => matrix.cols(),
         }
     }
 
@@ -386,6 +483,7 @@ impl Projection {
                 *out
             }
             Weight::Mapped { matrix, .. } => matrix.rows(),
+            Weight::MappedBf16 { matrix, .. } => matrix.rows(),
             Weight::Rows { table, .. } => table.dims()[0],
         }
     }
@@ -395,6 +493,7 @@ impl Projection {
         match &self.weight {
             Weight::View(wt) => wt.dtype(),
             Weight::Half { panels, .. } => panels.dtype(),
+            Weight::MappedBf16 { .. } => DType::BF16,
             Weight::Packed { .. }
             | Weight::Mapped { .. }
             | Weight::Rows { .. }
@@ -408,6 +507,7 @@ impl Projection {
             Weight::View(wt) => wt.device(),
             Weight::Packed { panels, .. } => panels.device(),
             Weight::Half { .. }
+            | Weight::MappedBf16 { .. }
             | Weight::Mapped { .. }
             | Weight::Rows { .. }
             | Weight::Int8 { .. } => &Device::Cpu,
@@ -475,6 +575,30 @@ impl Projection {
                 let y = panels.linear(isa, &x.contiguous()?, m, *col0, n, self.bias.as_ref())?;
                 return y.reshape(out_dims);
             }
+        }
+        if let Weight::MappedBf16 { matrix, packed } = &self.weight {
+            if !is_cpu_constant_half(x) {
+                candle::bail!(
+                    "a mapped bf16 linear layer takes CPU bf16 inputs that track no gradient, got {:?} on {:?}",
+                    x.dtype(),
+                    x.device().location()
+                )
+            }
+            if let Some(panels) = packed.panels(m, matrix)? {
+                let y = panels.linear(isa, &x.contiguous()?, m, 0, n, self.bias.as_ref())?;
+                return y.reshape(out_dims);
+            }
+            let x = x.contiguous()?;
+            let (xs, xl) = x.storage_and_layout();
+            let xv = &crate::simd::cpu_half_bits(&xs)?[xl.start_offset()..][..m * k];
+            let bias: Option<Vec<f32>> = self
+                .bias
+                .as_ref()
+                .map(|b| b.to_dtype(DType::F32)?.to_vec1::<f32>())
+                .transpose()?;
+            let y = bf16_rows::linear_nt(isa, xv, m, matrix.bits(), n, k, bias.as_deref());
+            let y: Vec<::half::bf16> = y.into_iter().map(::half::bf16::from_bits).collect();
+            return Tensor::from_vec(y, out_dims, &Device::Cpu);
         }
         if let Weight::Int8 { matrix, col0, .. } = &self.weight {
             if !is_cpu_constant_f32(x) {

@@ -127,6 +127,24 @@ pub(crate) fn quantize_value(v: f32, inv: f32) -> i8 {
     ((v * inv).clamp(-127.0, 127.0) + MAGIC).to_bits() as u8 as i8
 }
 
+/// Quantizes one row: `dst` gets its bytes (`q`, or `q + 128` as a byte when `flip` is
+/// 0x80), the result is its scale (NaN for a row with a NaN or an infinity, whose bytes are
+/// left as they are). Inlined into each kernel level's wrapper (`crate::projection`), so that it vectorises
+/// for it.
+#[inline(always)]
+pub(crate) fn quantize_row(row: &[f32], dst: &mut [u8], flip: u8) -> f32 {
+    match row_scale(row) {
+        Some((s, inv)) => {
+            for (d, &v) in dst.iter_mut().zip(row) {
+                // `q + 128` as a byte is `q`'s bits with the top one flipped.
+                *d = quantize_value(v, inv) as u8 ^ flip;
+            }
+            s
+        }
+        None => f32::NAN,
+    }
+}
+
 impl Int8Matrix {
     /// Quantizes `w` `(rows, cols)` row-major. An error names the first row holding a NaN or
     /// an infinity (a checkpoint with one is broken; quantizing would hide it).

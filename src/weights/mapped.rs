@@ -108,3 +108,96 @@ impl MappedMatrix {
         Ok(out)
     }
 }
+
+/// A row-major `(rows, cols)` `bf16` matrix inside a [`TensorFile`]'s bytes (a bf16
+/// checkpoint, e.g. one `attn convert --quantize bf16` wrote), read in place as
+/// [`MappedMatrix`] reads `f32` ones. Cheap to clone.
+#[derive(Clone)]
+pub struct MappedBf16Matrix {
+    file: TensorFile,
+    /// Byte offset of element `(0, 0)` in the file; aligned for `u16`.
+    offset: usize,
+    rows: usize,
+    cols: usize,
+}
+
+impl std::fmt::Debug for MappedBf16Matrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "MappedBf16Matrix({} x {} at byte {} of {})",
+            self.rows,
+            self.cols,
+            self.offset,
+            self.file.origin()
+        )
+    }
+}
+
+impl MappedBf16Matrix {
+    /// The `BF16` tensor `name` of `file` as a `(rows, cols)` matrix in place, or `None` when
+    /// it is absent, of another dtype or shape, or not aligned for 16-bit values.
+    pub fn in_file(file: &TensorFile, name: &str, rows: usize, cols: usize) -> Option<Self> {
+        let (data, dtype, shape) = file.raw(name)?;
+        let fits = shape.iter().product::<usize>() == rows.checked_mul(cols)?
+            && shape.last().is_some_and(|&c| c == cols || rows == 1);
+        let aligned = (data.as_ptr() as usize).is_multiple_of(2);
+        (dtype == safetensors::Dtype::BF16 && fits && aligned).then(|| Self {
+            file: file.clone(),
+            offset: file.offset_of(name).expect("the tensor was just found"),
+            rows,
+            cols,
+        })
+    }
+
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Number of columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The `rows · cols` values as bf16 bit patterns, row-major.
+    pub fn bits(&self) -> &[u16] {
+        let bytes = &self.file.bytes()[self.offset..self.offset + self.rows * self.cols * 2];
+        // SAFETY: `in_file` checked that the tensor is BF16 with this many elements inside the
+        // file and that its start is aligned for u16; every bit pattern is a valid u16; the
+        // bytes live as long as `self.file`, which the borrow cannot outlive.
+        unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<u16>(), self.rows * self.cols) }
+    }
+
+    /// Rows `start .. start + len`, sharing the file.
+    pub fn narrow_rows(&self, start: usize, len: usize) -> Option<Self> {
+        (start.checked_add(len)? <= self.rows).then(|| Self {
+            file: self.file.clone(),
+            offset: self.offset + start * self.cols * 2,
+            rows: len,
+            cols: self.cols,
+        })
+    }
+
+    /// The rows `ids` (an embedding lookup) as a `(ids.len(), cols)` bf16 tensor; an error
+    /// names an id past the last row.
+    pub fn gather_rows(&self, ids: &[u32]) -> candle::Result<candle::Tensor> {
+        let data = self.bits();
+        let mut out = Vec::with_capacity(ids.len() * self.cols);
+        for &id in ids {
+            let id = id as usize;
+            if id >= self.rows {
+                candle::bail!(
+                    "token id {id} is out of range for a vocabulary of {} tokens",
+                    self.rows
+                )
+            }
+            out.extend(
+                data[id * self.cols..(id + 1) * self.cols]
+                    .iter()
+                    .map(|&b| half::bf16::from_bits(b)),
+            );
+        }
+        candle::Tensor::from_vec(out, (ids.len(), self.cols), &candle::Device::Cpu)
+    }
+}

@@ -20,7 +20,7 @@
 //! not change.
 
 use super::int8::Int8Matrix;
-use super::mapped::MappedMatrix;
+use super::mapped::{MappedBf16Matrix, MappedMatrix};
 use super::tensor_file::{join_name, TensorFile};
 use candle::{DType, Tensor};
 use candle_nn::{Init, VarBuilder};
@@ -35,6 +35,9 @@ pub enum WeightMatrix {
     Mapped(MappedMatrix),
     /// Quantized to int8, a scale per row.
     Int8(Int8Matrix),
+    /// `bf16` values read in place from a memory-mapped file (a bf16 checkpoint computed in
+    /// bf16).
+    MappedBf16(MappedBf16Matrix),
 }
 
 /// A storage form for weight matrices other than their dtype.
@@ -146,11 +149,12 @@ impl<'a> WeightSource<'a> {
     }
 
     /// Stored tensors through `vb`, with the `f32` projection weights of `file` used in place
-    /// (see [`MappedMatrix`]) when `vb` computes in `f32` on the CPU; weights that cannot be
+    /// (see [`MappedMatrix`]) when `vb` computes in `f32` on the CPU, and its `bf16` ones
+    /// ([`MappedBf16Matrix`]) when `vb` computes in `bf16` on the CPU; weights that cannot be
     /// (another dtype, misaligned, absent) and everything else are read through `vb`. For any
     /// other dtype or device this is [`WeightSource::load`].
     pub fn in_place(vb: VarBuilder<'a>, file: &TensorFile) -> Self {
-        let usable = vb.dtype() == DType::F32 && vb.device().is_cpu();
+        let usable = matches!(vb.dtype(), DType::F32 | DType::BF16) && vb.device().is_cpu();
         Self {
             in_place: usable.then(|| file.clone()),
             ..Self::load(vb)
@@ -281,7 +285,11 @@ impl<'a> WeightSource<'a> {
         }
         if let Some(file) = &self.in_place {
             let full = join_name(&self.vb.prefix(), name);
-            if let Some(m) = MappedMatrix::in_file(file, &full, out, inp) {
+            if self.vb.dtype() == DType::BF16 {
+                if let Some(m) = MappedBf16Matrix::in_file(file, &full, out, inp) {
+                    return Ok(WeightMatrix::MappedBf16(m));
+                }
+            } else if let Some(m) = MappedMatrix::in_file(file, &full, out, inp) {
                 return Ok(WeightMatrix::Mapped(m));
             }
         }
