@@ -2,36 +2,12 @@
 //! pretrained path, a converted directory used in place of the original, and the errors (exit
 //! code 1, a message on stderr, never a panic).
 
+mod run_attn;
+use run_attn::{attn, fails, ok};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 fn e2e() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/marian_e2e")
-}
-
-fn attn(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_attn"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = attn(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn fails(args: &[&str]) -> String {
-    let out = attn(args);
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    stderr
 }
 
 const TEXTS: [&str; 3] = [
@@ -140,7 +116,10 @@ fn bad_precision_requests_are_clear_errors() {
     assert!(err.contains("int8") && err.contains("F16"), "{err}");
     let err = fails(&["translate", "--quantize", "int8", "three"]);
     assert!(err.contains("--model"), "{err}");
-    let out = attn(&["translate", "--model", model, "--quantize", "int4", "x"]);
+    let out = attn(
+        &["translate", "--model", model, "--quantize", "int4", "x"],
+        b"",
+    );
     assert_eq!(out.status.code(), Some(2), "clap refuses an unknown value");
     let err = fails(&[
         "convert",

@@ -23,3 +23,27 @@ pub fn attn(args: &[&str], stdin: &[u8]) -> Output {
     writer.join().unwrap();
     out
 }
+
+/// Runs `attn args...` with an empty standard input and returns its standard output; fails
+/// the test unless it succeeded. (Not every test crate that includes this module uses it.)
+#[allow(dead_code)]
+pub fn ok(args: &[&str]) -> String {
+    let out = attn(args, b"");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs `attn args...` and returns its standard error; fails the test unless it exited with
+/// 1 and did not panic.
+#[allow(dead_code)]
+pub fn fails(args: &[&str]) -> String {
+    let out = attn(args, b"");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
+}
