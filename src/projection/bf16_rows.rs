@@ -21,15 +21,15 @@ const ROWS_PER_TASK: usize = 64;
 /// streaming bandwidth (the `f32` row kernel prefetches likewise, `avx512::rows_block`).
 const PREFETCH_ROWS: usize = 48;
 
-/// Prefetches into L2 the `k` values of `w` from `start` on (a hint: addresses past the end
-/// are never dereferenced).
+/// Prefetches into L2 the `len` values from `p` on (a hint: `p` is never dereferenced, and
+/// addresses past the end of `W` do nothing).
 #[inline(always)]
-fn prefetch_row(w: &[u16], start: usize, k: usize) {
+fn prefetch_lines(p: *const u16, len: usize) {
     #[cfg(target_arch = "x86_64")]
     {
-        let base = w.as_ptr().wrapping_add(start).cast::<i8>();
+        let base = p.cast::<i8>();
         let mut line = 0;
-        while line < 2 * k {
+        while line < 2 * len {
             // SAFETY: a prefetch is a hint that never faults, whatever the address.
             unsafe {
                 std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
@@ -40,7 +40,7 @@ fn prefetch_row(w: &[u16], start: usize, k: usize) {
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (w, start, k);
+    let _ = (p, len);
 }
 
 /// `f32` value of bf16 bits.
@@ -93,18 +93,64 @@ impl Dot {
         }
     }
 
-    /// `Σ x[i] · w[i]` over equal-length rows.
-    fn dot(self, x: &[u16], w: &[u16]) -> f32 {
-        assert_eq!(x.len(), w.len());
+    /// Rows of `x` per tile (the tile is that many rows × 4 outputs).
+    fn tile_rows(self) -> usize {
         match self {
-            Dot::Portable => dot_portable(x, w),
+            Dot::Portable => 4,
+            #[cfg(target_arch = "x86_64")]
+            Dot::Avx2 => 2,
+            #[cfg(target_arch = "x86_64")]
+            Dot::Avx512Bf16 => 4,
+        }
+    }
+
+    /// `sums[a][b] = Σ_c x[a·k + c] · w[b·k + c]` for rows `a < mr` of `x` (at most
+    /// [`Dot::tile_rows`]) and 4 rows `b` of `w` (`w` holds 4 rows of `k`).
+    ///
+    /// With `ahead`, the tile also prefetches into L2 the 4 rows of `k` values from that
+    /// position of `w`, one line per row at each step (spread over the tile's loads rather
+    /// than issued in a burst, which stalled on the CPU's outstanding-miss limit).
+    fn tile(
+        self,
+        x: &[u16],
+        mr: usize,
+        w: &[u16],
+        k: usize,
+        ahead: Option<*const u16>,
+    ) -> [[f32; 4]; 4] {
+        assert!(mr >= 1 && mr <= self.tile_rows() && x.len() >= mr * k && w.len() >= 4 * k);
+        match self {
+            Dot::Portable => {
+                if let Some(p) = ahead {
+                    prefetch_lines(p, 4 * k);
+                }
+                let mut sums = [[0f32; 4]; 4];
+                for (a, row) in sums.iter_mut().enumerate().take(mr) {
+                    for (b, s) in row.iter_mut().enumerate() {
+                        *s = dot_portable(&x[a * k..(a + 1) * k], &w[b * k..(b + 1) * k]);
+                    }
+                }
+                sums
+            }
             // SAFETY: `Isa::Avx2` exists only after AVX2 and FMA were detected; the lengths
-            // are equal (asserted): `dot_avx2`'s contract.
+            // are asserted above: `tile_avx2`'s contract.
             #[cfg(target_arch = "x86_64")]
-            Dot::Avx2 => unsafe { x86::dot_avx2(x, w) },
-            // SAFETY: chosen only where AVX-512 F, BW and BF16 were detected; equal lengths.
+            Dot::Avx2 => unsafe {
+                match mr {
+                    1 => x86::tile_avx2::<1>(x.as_ptr(), w.as_ptr(), k, ahead),
+                    _ => x86::tile_avx2::<2>(x.as_ptr(), w.as_ptr(), k, ahead),
+                }
+            },
+            // SAFETY: chosen only where AVX-512 F, BW and BF16 were detected; lengths as above.
             #[cfg(target_arch = "x86_64")]
-            Dot::Avx512Bf16 => unsafe { x86::dot_avx512_bf16(x, w) },
+            Dot::Avx512Bf16 => unsafe {
+                match mr {
+                    1 => x86::tile_avx512_bf16::<1>(x.as_ptr(), w.as_ptr(), k, ahead),
+                    2 => x86::tile_avx512_bf16::<2>(x.as_ptr(), w.as_ptr(), k, ahead),
+                    3 => x86::tile_avx512_bf16::<3>(x.as_ptr(), w.as_ptr(), k, ahead),
+                    _ => x86::tile_avx512_bf16::<4>(x.as_ptr(), w.as_ptr(), k, ahead),
+                }
+            },
         }
     }
 }
@@ -124,21 +170,48 @@ pub(super) fn linear_nt(
     let dot = Dot::for_isa(isa);
     let mut y = vec![0u16; m * n];
     let out = OutPtr(y.as_mut_ptr().cast());
+    let tr = dot.tile_rows();
+    // The 4 rows of a tile past the last row of `w` repeat its first row (read, not written).
     let task = |t: usize| {
         let outputs = t * ROWS_PER_TASK..n.min((t + 1) * ROWS_PER_TASK);
-        for j in outputs {
-            prefetch_row(w, (j + PREFETCH_ROWS) * k, k);
-            let wr = &w[j * k..(j + 1) * k];
-            let b = bias.map_or(0.0, |b| b[j]);
-            for i in 0..m {
-                let v = dot.dot(&x[i * k..(i + 1) * k], wr) + b;
-                // SAFETY: `i < m`, `j < n`: inside the `m · n` values of `y`, which outlive
-                // the loop; this task alone writes columns `outputs` (the tasks partition
-                // them).
-                unsafe {
-                    *out.get().cast::<u16>().add(i * n + j) = half::bf16::from_f32(v).to_bits()
-                };
+        let mut j = outputs.start;
+        let mut padded = Vec::new();
+        while j < outputs.end {
+            let nr = 4.min(outputs.end - j);
+            let ahead = w.as_ptr().wrapping_add((j + PREFETCH_ROWS) * k);
+            let wt: &[u16] = if nr == 4 {
+                &w[j * k..(j + 4) * k]
+            } else {
+                padded.clear();
+                padded.extend_from_slice(&w[j * k..(j + nr) * k]);
+                padded.resize(4 * k, 0);
+                &padded
+            };
+            let mut i = 0;
+            while i < m {
+                let mr = tr.min(m - i);
+                let sums = dot.tile(
+                    &x[i * k..(i + mr) * k],
+                    mr,
+                    wt,
+                    k,
+                    (i == 0).then_some(ahead),
+                );
+                for (a, row) in sums.iter().enumerate().take(mr) {
+                    for (b, &v) in row.iter().enumerate().take(nr) {
+                        let v = v + bias.map_or(0.0, |bias| bias[j + b]);
+                        // SAFETY: `i + a < m`, `j + b < n`: inside the `m · n` values of `y`,
+                        // which outlive the loop; this task alone writes columns `outputs`
+                        // (the tasks partition them).
+                        unsafe {
+                            *out.get().cast::<u16>().add((i + a) * n + j + b) =
+                                half::bf16::from_f32(v).to_bits()
+                        };
+                    }
+                }
+                i += mr;
             }
+            j += nr;
         }
     };
     let tasks = n.div_ceil(ROWS_PER_TASK);
@@ -175,78 +248,104 @@ mod x86 {
         _mm256_castsi256_ps(_mm256_slli_epi32::<16>(bits))
     }
 
-    /// The dot product of two bf16 rows at the AVX2 level.
+    /// A tile of `MR` rows of `x` × 4 rows of `w` (row stride `k`) at the AVX2 level: bf16
+    /// widened to `f32` by a shift, `vfmadd`; the last `k % 8` inputs in scalar code.
     ///
     /// # Safety
-    /// AVX2 and FMA are available; `x.len() == w.len()`.
+    /// AVX2 and FMA are available; `x` holds `MR · k` and `w` `4 · k` values.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn dot_avx2(x: &[u16], w: &[u16]) -> f32 {
-        let len = x.len();
-        let (xp, wp) = (x.as_ptr(), w.as_ptr());
-        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let mut i = 0;
-        while i + 16 <= len {
-            a0 = _mm256_fmadd_ps(widen8(xp.add(i)), widen8(wp.add(i)), a0);
-            a1 = _mm256_fmadd_ps(widen8(xp.add(i + 8)), widen8(wp.add(i + 8)), a1);
-            i += 16;
+    pub(super) unsafe fn tile_avx2<const MR: usize>(
+        x: *const u16,
+        w: *const u16,
+        k: usize,
+        ahead: Option<*const u16>,
+    ) -> [[f32; 4]; 4] {
+        let mut acc = [[_mm256_setzero_ps(); 4]; MR];
+        let mut c = 0;
+        while c + 8 <= k {
+            if let Some(p) = ahead {
+                if c % 32 == 0 {
+                    for b in 0..4 {
+                        // A hint, never a fault.
+                        _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(b * k + c).cast());
+                    }
+                }
+            }
+            let wv: [__m256; 4] = std::array::from_fn(|b| widen8(w.add(b * k + c)));
+            for (a, acc) in acc.iter_mut().enumerate() {
+                let xv = widen8(x.add(a * k + c));
+                for (s, &wv) in acc.iter_mut().zip(&wv) {
+                    *s = _mm256_fmadd_ps(xv, wv, *s);
+                }
+            }
+            c += 8;
         }
-        let s = _mm256_add_ps(a0, a1);
-        let s = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        let mut sum = _mm_cvtss_f32(s);
-        while i < len {
-            sum += super::widen(x[i]) * super::widen(w[i]);
-            i += 1;
+        let mut sums = [[0f32; 4]; 4];
+        for (a, row) in acc.iter().enumerate() {
+            for (b, v) in row.iter().enumerate() {
+                let s = _mm_add_ps(_mm256_castps256_ps128(*v), _mm256_extractf128_ps::<1>(*v));
+                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+                let mut sum = _mm_cvtss_f32(s);
+                for cc in c..k {
+                    sum += super::widen(*x.add(a * k + cc)) * super::widen(*w.add(b * k + cc));
+                }
+                sums[a][b] = sum;
+            }
         }
-        sum
+        sums
     }
 
-    /// The dot product of two bf16 rows with `vdpbf16ps` (the tail masked).
+    /// A tile of `MR` rows of `x` × 4 rows of `w` (row stride `k`) with `vdpbf16ps`, 32
+    /// inputs a step, the tail masked.
     ///
     /// # Safety
-    /// AVX-512 F, BW and BF16 are available; `x.len() == w.len()`.
+    /// AVX-512 F, BW and BF16 are available; `x` holds `MR · k` and `w` `4 · k` values.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub(super) unsafe fn dot_avx512_bf16(x: &[u16], w: &[u16]) -> f32 {
-        let len = x.len();
-        let (xp, wp) = (x.as_ptr(), w.as_ptr());
-        let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        let mut i = 0;
-        while i + 64 <= len {
-            let (x0, w0) = (
-                _mm512_loadu_si512(xp.add(i).cast()),
-                _mm512_loadu_si512(wp.add(i).cast()),
-            );
-            let (x1, w1) = (
-                _mm512_loadu_si512(xp.add(i + 32).cast()),
-                _mm512_loadu_si512(wp.add(i + 32).cast()),
-            );
-            a0 = _mm512_dpbf16_ps(
-                a0,
-                std::mem::transmute::<__m512i, __m512bh>(x0),
-                std::mem::transmute::<__m512i, __m512bh>(w0),
-            );
-            a1 = _mm512_dpbf16_ps(
-                a1,
-                std::mem::transmute::<__m512i, __m512bh>(x1),
-                std::mem::transmute::<__m512i, __m512bh>(w1),
-            );
-            i += 64;
-        }
-        while i < len {
-            let rest = (len - i).min(32);
+    pub(super) unsafe fn tile_avx512_bf16<const MR: usize>(
+        x: *const u16,
+        w: *const u16,
+        k: usize,
+        ahead: Option<*const u16>,
+    ) -> [[f32; 4]; 4] {
+        let mut acc = [[_mm512_setzero_ps(); 4]; MR];
+        let mut c = 0;
+        while c < k {
+            if let Some(p) = ahead {
+                for b in 0..4 {
+                    // A hint, never a fault.
+                    _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(b * k + c).cast());
+                }
+            }
+            let rest = (k - c).min(32);
             // Lanes past the row read as zeros (masked loads touch only their lanes).
             let mask: __mmask32 = if rest == 32 { !0 } else { (1u32 << rest) - 1 };
-            let xv = _mm512_maskz_loadu_epi16(mask, xp.add(i).cast());
-            let wv = _mm512_maskz_loadu_epi16(mask, wp.add(i).cast());
-            a0 = _mm512_dpbf16_ps(
-                a0,
-                std::mem::transmute::<__m512i, __m512bh>(xv),
-                std::mem::transmute::<__m512i, __m512bh>(wv),
-            );
-            i += rest;
+            let wv: [__m512bh; 4] = std::array::from_fn(|b| {
+                std::mem::transmute::<__m512i, __m512bh>(_mm512_maskz_loadu_epi16(
+                    mask,
+                    w.add(b * k + c).cast(),
+                ))
+            });
+            for (a, acc) in acc.iter_mut().enumerate() {
+                let xv = std::mem::transmute::<__m512i, __m512bh>(_mm512_maskz_loadu_epi16(
+                    mask,
+                    x.add(a * k + c).cast(),
+                ));
+                for (s, &wv) in acc.iter_mut().zip(&wv) {
+                    *s = _mm512_dpbf16_ps(*s, xv, wv);
+                }
+            }
+            c += rest;
         }
-        _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
+        // The 4 · MR horizontal sums together (`sums_16`: 45 instructions for 16, where one
+        // `_mm512_reduce_add_ps` each took a third of a 32-row tile's time).
+        let mut all = [_mm512_setzero_ps(); 16];
+        for (a, row) in acc.iter().enumerate() {
+            all[4 * a..4 * a + 4].copy_from_slice(row);
+        }
+        let mut flat = [0f32; 16];
+        _mm512_storeu_ps(flat.as_mut_ptr(), crate::simd::avx512::sums_16(all));
+        std::array::from_fn(|a| std::array::from_fn(|b| flat[4 * a + b]))
     }
 }
 
@@ -285,9 +384,14 @@ mod tests {
             }
             // AVX-512 BF16 is tested where the CPU has it, whatever level `isas` stops at.
             #[cfg(target_arch = "x86_64")]
-            if x86::has_avx512_bf16() {
-                let y = Dot::Avx512Bf16.dot(&x[..k], &w[..k]);
-                assert!((y - dot_portable(&x[..k], &w[..k])).abs() <= 1e-3 * (1.0 + y.abs()));
+            if x86::has_avx512_bf16() && n >= 4 {
+                for mr in 1..=m.min(4) {
+                    let got = Dot::Avx512Bf16.tile(&x, mr, &w, k, None);
+                    let want = Dot::Portable.tile(&x, mr, &w, k, None);
+                    for (g, r) in got.iter().flatten().zip(want.iter().flatten()) {
+                        assert!((g - r).abs() <= 1e-3 * (1.0 + r.abs()), "{mr}: {g} vs {r}");
+                    }
+                }
             }
         }
     }
