@@ -7,7 +7,8 @@
 //! * the in-place row kernel on an opus-mt output projection (`(m, 512) × (512, 58101)`, the
 //!   weight read where it lies, as a tied `lm_head` is; from 96 rows on packed once, on its
 //!   second such product), for m = 1 to 96: GFLOP/s and the weight's bytes per second (compare
-//!   with `mem_bandwidth`); the same weight packed up front (`Projection::new`);
+//!   with `mem_bandwidth`); the same weight packed up front (`Projection::new`), and quantized
+//!   to int8 (`Projection::from_int8`);
 //! * a decoder step's 36 matrices of an opus-mt model (88 MB) at one row, back to back.
 //!
 //! `cargo run --release --example projection_speed [N...]` (default N = 128 512 1024 4096);
@@ -15,6 +16,7 @@
 
 use anyhow::Result;
 use candle::{Device, Module, Tensor};
+use candle_attention::weights::Int8Matrix;
 use candle_attention::Projection;
 use std::time::Instant;
 
@@ -74,7 +76,13 @@ fn main() -> Result<()> {
         // on its second such product), and from panels packed up front (`Projection::new`).
         let in_place = Projection::shared(&w, Some(b.clone()))?;
         let packed = Projection::new(&w, Some(b.clone()))?;
-        for (label, p) in [("rows", &in_place), ("packed", &packed)] {
+        // int8 (`--quantize int8`): a quarter of the bytes, integer products (GOP/s counts a
+        // byte multiply-add as 2 operations, as the f32 figures count an FMA).
+        let int8 = Projection::from_int8(
+            Int8Matrix::quantize(&w.flatten_all()?.to_vec1::<f32>()?, n, k)?,
+            Some(b.clone()),
+        )?;
+        for (label, p, bytes) in [("rows", &in_place, 4), ("packed", &packed, 4), ("int8", &int8, 1)] {
             for m in [1usize, 8, 16, 32, 64, 96] {
                 let x = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu)?;
                 let (med, min) = time(30, || {
@@ -82,7 +90,7 @@ fn main() -> Result<()> {
                     Ok(())
                 })?;
                 let gflops = 2.0 * (m * n * k) as f64 / (med * 1e6);
-                let gbs = (n * k * 4) as f64 / (med * 1e6);
+                let gbs = (n * k * bytes) as f64 / (med * 1e6);
                 println!(
                     "{label} ({m}, {k}) x ({k}, {n}): median {med:.3} ms, min {min:.3} ms, \
                      {gflops:.1} GFLOP/s, weight read at {gbs:.1} GB/s"
