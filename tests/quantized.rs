@@ -338,3 +338,76 @@ fn int8_is_refused_where_it_cannot_run() {
         .to_string();
     assert!(err.contains("int8") && err.contains("F16"), "{err}");
 }
+
+#[test]
+fn multilingual_families_translate_in_int8_and_bf16() {
+    // The trained NLLB-200 (M2M100) and mBART-50 directories of tests/fixtures/multilingual_e2e
+    // (tiny copy-task models): each precision against transformers' f32 translations, and an
+    // int8 directory written by `convert_dir` translating exactly as quantizing at load does.
+    use candle_attention::models::multilingual_translator::MultilingualTranslator;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/multilingual_e2e");
+    let tmp = tempfile::tempdir().unwrap();
+    for family in ["nllb", "mbart50"] {
+        let dir = root.join(family);
+        let converted = tmp.path().join(family);
+        convert_dir(&dir, &converted, ConvertTo::Int8, false).unwrap();
+        let expected = json(dir.join("expected.json"));
+        let texts: Vec<String> = expected["texts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap().to_string())
+            .collect();
+        for case in expected["cases"].as_array().unwrap() {
+            let (src, tgt) = (
+                case["source_lang"].as_str().unwrap(),
+                case["target_lang"].as_str().unwrap(),
+            );
+            let beams = case["beams"].as_u64().unwrap() as usize;
+            let max_new = case["max_new_tokens"].as_u64().unwrap() as usize;
+            let want: Vec<&str> = case["translations"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_str().unwrap())
+                .collect();
+            let run = |dir: &Path, precision: Precision| -> Vec<String> {
+                let t =
+                    MultilingualTranslator::from_dir_with(dir, src, tgt, precision, &Device::Cpu)
+                        .unwrap();
+                let cfg = t
+                    .generation_config()
+                    .clone()
+                    .with_num_beams(beams)
+                    .with_max_new_tokens(max_new);
+                let t = t.with_generation_config(cfg);
+                let ids: Vec<Vec<u32>> = texts.iter().map(|s| t.encode(s).unwrap()).collect();
+                t.generate_encoded(&ids)
+                    .unwrap()
+                    .into_iter()
+                    .map(|h| t.decode(&h.unwrap()[0]).unwrap())
+                    .collect()
+            };
+            let int8_at_load = run(&dir, int8());
+            assert_eq!(
+                run(&converted, Precision::default()),
+                int8_at_load,
+                "{family}: the int8 directory"
+            );
+            for (name, got) in [
+                ("int8", int8_at_load),
+                ("bf16", run(&dir, Precision::from(DType::BF16))),
+            ] {
+                let same = got.iter().zip(&want).filter(|(g, w)| g == w).count();
+                println!(
+                    "{family} {src}->{tgt} {beams} beam(s): {name} {same}/{} identical to f32",
+                    want.len()
+                );
+                assert!(
+                    4 * same >= 3 * want.len(),
+                    "{family} {name}: {got:?} vs {want:?}"
+                );
+            }
+        }
+    }
+}
