@@ -63,84 +63,85 @@ unsafe fn input_group(xq: *const u8, xs: usize, i: usize, g: usize) -> i32 {
         .read_unaligned()
 }
 
-/// AVX2 micro-tile, `R` rows, one half (`h`: outputs `32 h .. 32 h + 32`) of the panel.
-///
-/// # Safety
-/// AVX2 is available; `xq` holds `R` rows of `xs` bytes with `4 · groups` read each;
-/// `panel` holds `groups · 256` bytes.
-#[target_feature(enable = "avx2")]
-unsafe fn avx2_half<const R: usize>(
-    xq: *const u8,
-    xs: usize,
-    panel: *const i8,
-    groups: usize,
-    h: usize,
-    acc: &mut [[i32; INT8_PANEL]; MAX_TILE_ROWS],
-) {
-    let ones = _mm256_set1_epi16(1);
-    let mut c = [[_mm256_setzero_si256(); 4]; R];
-    for g in 0..groups {
-        let wp = panel.add(g * GROUP_BYTES + h * GROUP_BYTES / 2);
-        let w = [
-            _mm256_loadu_si256(wp.cast()),
-            _mm256_loadu_si256(wp.add(32).cast()),
-            _mm256_loadu_si256(wp.add(64).cast()),
-            _mm256_loadu_si256(wp.add(96).cast()),
-        ];
-        for (i, ci) in c.iter_mut().enumerate() {
-            let xb = _mm256_set1_epi32(input_group(xq, xs, i, g));
-            let xa = _mm256_abs_epi8(xb);
-            for (cj, &wj) in ci.iter_mut().zip(&w) {
-                // |x| · (sign(x) · w) = x · w, each factor within ±127: the pair sums of
-                // `vpmaddubsw` stay below 2 · 127² and never saturate.
-                let pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(wj, xb));
-                *cj = _mm256_add_epi32(*cj, _mm256_madd_epi16(pairs, ones));
+/// The 256-bit micro-tiles: `R` rows, one half (`h`: outputs `32 h .. 32 h + 32`) of the
+/// panel, 4 accumulators a row; `$step` adds the products of the broadcast input bytes `$xb`
+/// and the weight vector `$w` to the accumulator `$acc`. Then the tile entry point, `rows`
+/// (1 or 2) rows, both halves.
+macro_rules! half_tiles {
+    ($half:ident, $tile:ident, $features:literal, $what:literal,
+     |$acc:ident, $xb:ident, $w:ident| $step:expr) => {
+        #[doc = concat!($what, " micro-tile, `R` rows, one half of the panel.")]
+        ///
+        /// # Safety
+        #[doc = concat!($what, " is available; `xq` holds `R` rows of `xs` bytes with `4 · groups`")]
+        /// read each; `panel` holds `groups · 256` bytes.
+        #[target_feature(enable = $features)]
+        unsafe fn $half<const R: usize>(
+            xq: *const u8,
+            xs: usize,
+            panel: *const i8,
+            groups: usize,
+            h: usize,
+            acc: &mut [[i32; INT8_PANEL]; MAX_TILE_ROWS],
+        ) {
+            let mut c = [[_mm256_setzero_si256(); 4]; R];
+            for g in 0..groups {
+                let wp = panel.add(g * GROUP_BYTES + h * GROUP_BYTES / 2);
+                let w: [__m256i; 4] = std::array::from_fn(|j| _mm256_loadu_si256(wp.add(32 * j).cast()));
+                for (i, ci) in c.iter_mut().enumerate() {
+                    let $xb = _mm256_set1_epi32(input_group(xq, xs, i, g));
+                    for (cj, &$w) in ci.iter_mut().zip(&w) {
+                        let $acc = *cj;
+                        *cj = $step;
+                    }
+                }
+            }
+            for (ci, a) in c.iter().zip(acc.iter_mut()) {
+                for (j, v) in ci.iter().enumerate() {
+                    _mm256_storeu_si256(a[h * 32 + j * 8..].as_mut_ptr().cast(), *v);
+                }
             }
         }
-    }
-    for (ci, a) in c.iter().zip(acc.iter_mut()) {
-        for (j, v) in ci.iter().enumerate() {
-            _mm256_storeu_si256(a[h * 32 + j * 8..].as_mut_ptr().cast(), *v);
+
+        #[doc = concat!("The ", $what, " tile of `rows` (1 or 2) rows.")]
+        ///
+        /// # Safety
+        #[doc = concat!($what, " is available; `xq` holds `rows` rows of `xs` bytes with `4 · groups`")]
+        /// read each; `panel` holds `groups · 256` bytes.
+        pub(super) unsafe fn $tile(
+            xq: *const u8,
+            xs: usize,
+            rows: usize,
+            panel: *const i8,
+            groups: usize,
+            acc: &mut [[i32; INT8_PANEL]; MAX_TILE_ROWS],
+        ) {
+            for h in 0..2 {
+                match rows {
+                    1 => $half::<1>(xq, xs, panel, groups, h, acc),
+                    _ => $half::<2>(xq, xs, panel, groups, h, acc),
+                }
+            }
         }
-    }
+    };
 }
 
-/// AVX-VNNI micro-tile, `R` rows, one half of the panel (as [`avx2_half`]); inputs offset by
-/// 128.
-///
-/// # Safety
-/// AVX-VNNI is available; the lengths as [`avx2_half`].
-#[target_feature(enable = "avx2,avxvnni")]
-unsafe fn avxvnni_half<const R: usize>(
-    xq: *const u8,
-    xs: usize,
-    panel: *const i8,
-    groups: usize,
-    h: usize,
-    acc: &mut [[i32; INT8_PANEL]; MAX_TILE_ROWS],
-) {
-    let mut c = [[_mm256_setzero_si256(); 4]; R];
-    for g in 0..groups {
-        let wp = panel.add(g * GROUP_BYTES + h * GROUP_BYTES / 2);
-        let w = [
-            _mm256_loadu_si256(wp.cast()),
-            _mm256_loadu_si256(wp.add(32).cast()),
-            _mm256_loadu_si256(wp.add(64).cast()),
-            _mm256_loadu_si256(wp.add(96).cast()),
-        ];
-        for (i, ci) in c.iter_mut().enumerate() {
-            let xb = _mm256_set1_epi32(input_group(xq, xs, i, g));
-            for (cj, &wj) in ci.iter_mut().zip(&w) {
-                *cj = _mm256_dpbusd_avx_epi32(*cj, xb, wj);
-            }
-        }
-    }
-    for (ci, a) in c.iter().zip(acc.iter_mut()) {
-        for (j, v) in ci.iter().enumerate() {
-            _mm256_storeu_si256(a[h * 32 + j * 8..].as_mut_ptr().cast(), *v);
-        }
-    }
-}
+// |x| · (sign(x) · w) = x · w, each factor within ±127: the pair sums of `vpmaddubsw` stay
+// below 2 · 127² and never saturate; `vpmaddwd` by ones widens them. (`(w ^ m) - m` in place
+// of `vpsignb` measured 12% slower: more instructions.)
+half_tiles!(avx2_half, tile_avx2, "avx2", "AVX2", |acc, xb, w| {
+    let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(xb), _mm256_sign_epi8(w, xb));
+    _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+});
+
+// Inputs offset by 128: `vpdpbusd` multiplies unsigned by signed bytes.
+half_tiles!(
+    avxvnni_half,
+    tile_avxvnni,
+    "avx2,avxvnni",
+    "AVX-VNNI",
+    |acc, xb, w| _mm256_dpbusd_avx_epi32(acc, xb, w)
+);
 
 /// AVX-512 VNNI micro-tile, `R` rows, the whole panel; inputs offset by 128.
 ///
@@ -173,47 +174,6 @@ unsafe fn avx512vnni_tile<const R: usize>(
     for (ci, a) in c.iter().zip(acc.iter_mut()) {
         for (j, v) in ci.iter().enumerate() {
             _mm512_storeu_si512(a[j * 16..].as_mut_ptr().cast(), *v);
-        }
-    }
-}
-
-/// The AVX2 tile of `rows` (1 or 2) rows.
-///
-/// # Safety
-/// AVX2 is available; `xq` holds `rows` rows of `xs` bytes with `4 · groups` read each;
-/// `panel` holds `groups · 256` bytes.
-pub(super) unsafe fn tile_avx2(
-    xq: *const u8,
-    xs: usize,
-    rows: usize,
-    panel: *const i8,
-    groups: usize,
-    acc: &mut [[i32; INT8_PANEL]; MAX_TILE_ROWS],
-) {
-    for h in 0..2 {
-        match rows {
-            1 => avx2_half::<1>(xq, xs, panel, groups, h, acc),
-            _ => avx2_half::<2>(xq, xs, panel, groups, h, acc),
-        }
-    }
-}
-
-/// The AVX-VNNI tile of `rows` (1 or 2) rows.
-///
-/// # Safety
-/// AVX-VNNI is available; the lengths as [`tile_avx2`].
-pub(super) unsafe fn tile_avxvnni(
-    xq: *const u8,
-    xs: usize,
-    rows: usize,
-    panel: *const i8,
-    groups: usize,
-    acc: &mut [[i32; INT8_PANEL]; MAX_TILE_ROWS],
-) {
-    for h in 0..2 {
-        match rows {
-            1 => avxvnni_half::<1>(xq, xs, panel, groups, h, acc),
-            _ => avxvnni_half::<2>(xq, xs, panel, groups, h, acc),
         }
     }
 }
