@@ -99,6 +99,8 @@ enum Weight {
     MappedBf16 {
         matrix: MappedBf16Matrix,
         packed: Arc<LazyHalf>,
+        /// The bias `(out)` in `f32`, as the row kernel adds it (converted once, not per call).
+        bias_f32: Option<Arc<[f32]>>,
     },
     /// `W` quantized to int8 with a scale per output ([`Int8Matrix`], shared by clones and
     /// with a tied embedding table), multiplied by [`int8`]; this projection is rows
@@ -262,10 +264,15 @@ impl Projection {
                 )
             }
         }
+        let bias_f32 = bias
+            .as_ref()
+            .map(|b| b.to_dtype(DType::F32)?.to_vec1::<f32>().map(Arc::from))
+            .transpose()?;
         Ok(Self {
             weight: Weight::MappedBf16 {
                 matrix: weight,
                 packed: Arc::default(),
+                bias_f32,
             },
             bias: bias.map(|b| b.contiguous()).transpose()?,
         })
@@ -400,11 +407,14 @@ impl Projection {
                 col0: col0 + start,
                 out: len,
             },
-            Weight::MappedBf16 { matrix, .. } => Weight::MappedBf16 {
+            Weight::MappedBf16 {
+                matrix, bias_f32, ..
+            } => Weight::MappedBf16 {
                 matrix: matrix.narrow_rows(start, len).ok_or_else(|| {
                     candle::Error::Msg("internal: mapped rows out of range".into())
                 })?,
                 packed: Arc::default(),
+                bias_f32: bias_f32.as_ref().map(|b| Arc::from(&b[start..start + len])),
             },
         };
         Ok(Self {
@@ -576,7 +586,12 @@ impl Projection {
                 return y.reshape(out_dims);
             }
         }
-        if let Weight::MappedBf16 { matrix, packed } = &self.weight {
+        if let Weight::MappedBf16 {
+            matrix,
+            packed,
+            bias_f32,
+        } = &self.weight
+        {
             if !is_cpu_constant_half(x) {
                 candle::bail!(
                     "a mapped bf16 linear layer takes CPU bf16 inputs that track no gradient, got {:?} on {:?}",
@@ -591,12 +606,7 @@ impl Projection {
             let x = x.contiguous()?;
             let (xs, xl) = x.storage_and_layout();
             let xv = &crate::simd::cpu_half_bits(&xs)?[xl.start_offset()..][..m * k];
-            let bias: Option<Vec<f32>> = self
-                .bias
-                .as_ref()
-                .map(|b| b.to_dtype(DType::F32)?.to_vec1::<f32>())
-                .transpose()?;
-            let y = bf16_rows::linear_nt(isa, xv, m, matrix.bits(), n, k, bias.as_deref());
+            let y = bf16_rows::linear_nt(isa, xv, m, matrix.bits(), n, k, bias_f32.as_deref());
             let y: Vec<::half::bf16> = y.into_iter().map(::half::bf16::from_bits).collect();
             return Tensor::from_vec(y, out_dims, &Device::Cpu);
         }
