@@ -154,7 +154,7 @@ fn sdpa_matches_torch_enable_gqa_on_every_path() {
         let parts = decompose(&mask, shape, &dev).unwrap();
         for isa in candle_attention::testing::available_isas() {
             let cfg = tiled::TiledConfig {
-                block_k: 48,
+                block_k: Some(48),
                 isa: Some(isa),
                 ..Default::default()
             };

@@ -179,7 +179,7 @@ fn check_kernel(
     let (half, full, mask) = inputs(c, &mut rng);
     let want = reference(&full, &mask);
     let cfg = TiledConfig {
-        block_k: c.block_k,
+        block_k: Some(c.block_k),
         isa: Some(c.isa),
         half_dot: c.half_dot,
         ..Default::default()

@@ -211,12 +211,15 @@ fn errors(a: &Tensor, b: &Tensor) -> (f32, f32) {
     (max, d.iter().sum::<f32>() / d.len() as f32)
 }
 
-#[test]
-fn logits_of_int8_and_bf16_against_transformers_f32() {
-    // The parity fixture: transformers' f32 logits of a teacher-forced batch.
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/marian/base");
-    let inputs = TensorFile::open(dir.join("inputs.safetensors")).unwrap();
-    let expected = TensorFile::open(dir.join("expected.safetensors")).unwrap();
+/// The parity fixture's model directory (transformers' f32 logits of a teacher-forced batch).
+fn parity_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/marian/base")
+}
+
+/// The `f32` logits of the model in `dir` at `precision` on the parity fixture's teacher-forced
+/// batch.
+fn fixture_logits(dir: &Path, precision: Precision) -> Tensor {
+    let inputs = TensorFile::open(parity_dir().join("inputs.safetensors")).unwrap();
     let ids = |n: &str| {
         inputs
             .load(n, &Device::Cpu)
@@ -224,6 +227,21 @@ fn logits_of_int8_and_bf16_against_transformers_f32() {
             .to_dtype(DType::U32)
             .unwrap()
     };
+    let model = MarianMTModel::from_dir_with(dir, precision, &Device::Cpu).unwrap();
+    let (logits, _) = model
+        .forward(
+            &ids("input_ids"),
+            &ids("attention_mask"),
+            &ids("decoder_input_ids"),
+        )
+        .unwrap();
+    logits.to_dtype(DType::F32).unwrap()
+}
+
+#[test]
+fn logits_of_int8_and_bf16_against_transformers_f32() {
+    let dir = parity_dir();
+    let expected = TensorFile::open(dir.join("expected.safetensors")).unwrap();
     let want = expected.load("logits", &Device::Cpu).unwrap();
     let magnitude: Vec<f32> = want
         .abs()
@@ -238,15 +256,7 @@ fn logits_of_int8_and_bf16_against_transformers_f32() {
         ("bf16", Precision::from(DType::BF16), 0.05),
         ("int8", int8(), 0.05),
     ] {
-        let model = MarianMTModel::from_dir_with(&dir, precision, &Device::Cpu).unwrap();
-        let (logits, _) = model
-            .forward(
-                &ids("input_ids"),
-                &ids("attention_mask"),
-                &ids("decoder_input_ids"),
-            )
-            .unwrap();
-        let (max, mean) = errors(&logits.to_dtype(DType::F32).unwrap(), &want);
+        let (max, mean) = errors(&fixture_logits(&dir, precision), &want);
         println!("{name}: logit error max {max:.4}, mean {mean:.5} (mean |logit| {spread:.3})");
         assert!(
             mean <= bound * spread,
@@ -325,6 +335,20 @@ fn a_bf16_directory_translates_as_bf16_at_load_does() {
     for beams in [1, 4] {
         assert_eq!(translate(&converted, beams), translate(&at_load, beams));
     }
+    // Rounded at load, each matrix is the one `attn convert` writes, read by the same bf16
+    // kernels: the teacher-forced logits agree bit for bit.
+    let base16 = tmp.path().join("base16");
+    convert_dir(&parity_dir(), &base16, ConvertTo::Bf16, false).unwrap();
+    let logits = |dir: &Path| -> Vec<f32> {
+        fixture_logits(dir, bf16)
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    };
+    let (at_load, converted) = (logits(&parity_dir()), logits(&base16));
+    assert!(at_load.iter().all(|x| x.is_finite()));
+    assert_eq!(at_load, converted);
 }
 
 #[test]

@@ -145,7 +145,7 @@ proptest! {
         let mut rng = Rng(c.seed);
         let (q, k, v, mask) = inputs(&c, &mut rng);
         let want = reference(&q, &k, &v, &mask, c.scale);
-        let cfg = TiledConfig { block_k: c.block_k, isa: Some(c.isa), blocks_per_task: c.blocks_per_task, ..Default::default() };
+        let cfg = TiledConfig { block_k: Some(c.block_k), isa: Some(c.isa), blocks_per_task: c.blocks_per_task, ..Default::default() };
         let got = tiled::attention_with(&q, &k, &v, &parts(&mask, &q, &k), scale_of(&c), &cfg).unwrap();
         let err = max_abs_diff(&got, &want);
         prop_assert!(err <= 1e-5, "max abs error {err} for {c:?}");
@@ -158,7 +158,7 @@ proptest! {
         let mut rng = Rng(c.seed);
         let (q, k, v, mask) = inputs(&c, &mut rng);
         let want = reference(&q, &k, &v, &mask, c.scale);
-        let cfg = TiledConfig { block_k: c.block_k, isa: Some(c.isa), ..Default::default() };
+        let cfg = TiledConfig { block_k: Some(c.block_k), isa: Some(c.isa), ..Default::default() };
         let got = few_queries::attention_with(&q, &k, &v, &parts(&mask, &q, &k), scale_of(&c), &cfg).unwrap();
         let err = max_abs_diff(&got, &want);
         prop_assert!(err <= 1e-5, "max abs error {err} for {c:?}");
@@ -190,7 +190,7 @@ proptest! {
         let (q, k, v, mask) = inputs(&c, &mut rng);
         let (q, k, v) = (q.to_dtype(dtype).unwrap(), k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap());
         let want = reference(&q, &k, &v, &mask, c.scale);
-        let cfg = TiledConfig { block_k: c.block_k, isa: Some(c.isa), blocks_per_task: c.blocks_per_task, ..Default::default() };
+        let cfg = TiledConfig { block_k: Some(c.block_k), isa: Some(c.isa), blocks_per_task: c.blocks_per_task, ..Default::default() };
         let got = tiled::attention_with(&q, &k, &v, &parts(&mask, &q, &k), scale_of(&c), &cfg).unwrap();
         prop_assert_eq!(got.dtype(), dtype);
         let g = got.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
@@ -333,7 +333,7 @@ fn bad_inputs_are_errors_not_panics() {
     };
     assert!(few_queries::attention(&q, &k, &v, &bad, 1.0).is_err());
     let cfg = TiledConfig {
-        block_k: 0,
+        block_k: Some(0),
         ..Default::default()
     };
     assert!(tiled::attention_with(&q, &k, &v, &MaskParts::default(), 1.0, &cfg).is_err());

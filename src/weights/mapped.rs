@@ -150,6 +150,47 @@ impl MappedBf16Matrix {
         })
     }
 
+    /// `data` `(rows, cols)` `f32` row-major, rounded to bf16 (nearest even, as candle's and
+    /// torch's `to(bfloat16)`) into an owned copy held as a one-tensor in-memory file, read as
+    /// a bf16 checkpoint's matrix is: an `f32` checkpoint computed in bf16 (`--dtype bf16`)
+    /// then decodes with the bf16 row kernel, reading half the bytes of the `f32` weight, as a
+    /// directory `attn convert --quantize bf16` wrote does. `name` names it in error messages.
+    pub fn rounded_from_f32(
+        data: &[f32],
+        rows: usize,
+        cols: usize,
+        name: &str,
+    ) -> candle::Result<Self> {
+        use half::slice::HalfFloatSliceExt;
+        use rayon::prelude::*;
+        let count = rows
+            .checked_mul(cols)
+            .filter(|&n| n == data.len())
+            .ok_or_else(|| {
+                candle::Error::Msg(format!(
+                    "'{name}': {} values are not a {rows} x {cols} matrix",
+                    data.len()
+                ))
+            })?;
+        let mut bits = vec![half::bf16::ZERO; count];
+        bits.par_chunks_mut(1 << 16)
+            .zip(data.par_chunks(1 << 16))
+            .for_each(|(dst, src)| dst.convert_from_f32_slice(src));
+        let bytes: &[u8] = bytemuck_bf16(&bits);
+        let view =
+            safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![rows, cols], bytes)
+                .map_err(|e| candle::Error::Msg(format!("'{name}' as bf16: {e}")))?;
+        let blob = safetensors::serialize([(name, view)], None)
+            .map_err(|e| candle::Error::Msg(format!("'{name}' as bf16: {e}")))?;
+        drop(bits);
+        let file = TensorFile::from_bytes(blob, format!("'{name}' rounded to bf16"))?;
+        Self::in_file(&file, name, rows, cols).ok_or_else(|| {
+            candle::Error::Msg(format!(
+                "internal: '{name}' rounded to bf16 is not a matrix"
+            ))
+        })
+    }
+
     /// Number of rows.
     pub fn rows(&self) -> usize {
         self.rows
@@ -200,4 +241,12 @@ impl MappedBf16Matrix {
         }
         candle::Tensor::from_vec(out, (ids.len(), self.cols), &candle::Device::Cpu)
     }
+}
+
+/// The bytes of `bits` (little-endian, as safetensors stores them on the little-endian CPUs
+/// this crate's in-place reads support).
+fn bytemuck_bf16(bits: &[half::bf16]) -> &[u8] {
+    // SAFETY: `bf16` is a `u16` newtype without padding; any initialised memory is valid as
+    // bytes, and the slice covers exactly the 2 · len bytes of `bits`, borrowed from it.
+    unsafe { std::slice::from_raw_parts(bits.as_ptr().cast::<u8>(), std::mem::size_of_val(bits)) }
 }

@@ -11,16 +11,16 @@
 //!
 //! * scores: tiles of 6 keys × 16 queries (12 accumulators, two query vectors, one broadcast
 //!   key element: 15 registers), the key rows read in place;
-//! * online softmax: a key row of the tile at a time, `2 · nv` vectors of 8 queries, the
-//!   running maxima and sums in registers, `2^x` by the polynomial of
-//!   `simd::scalar::EXP2_POLY` ([`crate::simd::avx2::exp2_ps`]);
+//! * online softmax: the maxima a key row of the tile at a time, then the exponentials 16
+//!   queries down all keys at a time, running sums in registers, `2^x` by the polynomial of
+//!   `simd::scalar::EXP2_POLY` ([`crate::simd::avx2::exp2_nonpositive_ps`]);
 //! * `P·V`: tiles of 6 queries × 16 value columns (12 accumulators, two value vectors, one
 //!   broadcast probability).
 
 #![allow(clippy::too_many_arguments)]
 
 use super::tile::BQ;
-use crate::simd::avx2::{exp2_ps, lanes8, load, store, sums_8, transpose_8x8};
+use crate::simd::avx2::{exp2_nonpositive_ps, exp2_ps, lanes8, load, store, sums_8, transpose_8x8};
 use core::arch::x86_64::*;
 
 /// Keys per micro-tile of the score kernel.
@@ -226,20 +226,42 @@ unsafe fn softmax_nv<const V: usize>(
         _mm256_storeu_ps(m.add(8 * v), m_new);
         _mm256_storeu_ps(alpha.add(8 * v), a[v]);
     }
-    let mut sum = [_mm256_setzero_ps(); V];
-    for j in 0..nk {
-        let row = st.add(j * BQ);
-        for v in 0..V {
-            let p = row.add(8 * v);
-            let e = exp2_ps(_mm256_sub_ps(_mm256_loadu_ps(p), m_use[v]));
-            _mm256_storeu_ps(p, e);
-            sum[v] = _mm256_add_ps(sum[v], e);
+    // Two vectors (16 queries: one cache line of each tile row) down all the keys at a time,
+    // two keys per step: their maxima and sums stay in registers beside the exponential's
+    // constants and temporaries. All `V` sums and maxima at once do not fit in the 16 `ymm`
+    // registers; spilled, this pass took 9.9 cycles a vector instead of 8.5 (Zen 3, in L1).
+    for v in (0..V).step_by(2) {
+        let (m0, m1) = (m_use[v], m_use[v + 1]);
+        let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut j = 0;
+        while j + 2 <= nk {
+            let p = st.add(j * BQ + 8 * v);
+            exp_16(p, m0, m1, &mut s0, &mut s1);
+            exp_16(p.add(BQ), m0, m1, &mut s0, &mut s1);
+            j += 2;
+        }
+        if j < nk {
+            exp_16(st.add(j * BQ + 8 * v), m0, m1, &mut s0, &mut s1);
+        }
+        for (u, s) in [(v, s0), (v + 1, s1)] {
+            let l_old = _mm256_loadu_ps(l.add(8 * u));
+            _mm256_storeu_ps(l.add(8 * u), _mm256_fmadd_ps(l_old, a[u], s));
         }
     }
-    for v in 0..V {
-        let l_old = _mm256_loadu_ps(l.add(8 * v));
-        _mm256_storeu_ps(l.add(8 * v), _mm256_fmadd_ps(l_old, a[v], sum[v]));
-    }
+}
+
+/// `p[..16] = 2^(p[..16] - (m0, m1))` (8 lanes each), the results added to `s0`, `s1`.
+///
+/// # Safety
+/// AVX2 and FMA available; `p` readable and writable for 16 floats.
+#[inline(always)]
+unsafe fn exp_16(p: *mut f32, m0: __m256, m1: __m256, s0: &mut __m256, s1: &mut __m256) {
+    let e0 = exp2_nonpositive_ps(_mm256_sub_ps(_mm256_loadu_ps(p), m0));
+    let e1 = exp2_nonpositive_ps(_mm256_sub_ps(_mm256_loadu_ps(p.add(8)), m1));
+    _mm256_storeu_ps(p, e0);
+    _mm256_storeu_ps(p.add(8), e1);
+    *s0 = _mm256_add_ps(*s0, e0);
+    *s1 = _mm256_add_ps(*s1, e1);
 }
 
 /// `o[i * os ..][:dv] = alpha[i] * o[i * os ..][:dv] + Σ_j st[j * BQ + i] * v[j * vs ..][:dv]`

@@ -15,7 +15,7 @@
 
 use super::half::Kind;
 use super::prepare::{Inputs, OutBlock, OutRows, Prepared};
-use super::tile::{TiledConfig, BQ};
+use super::tile::{default_block_k, TiledConfig, BQ};
 use super::tiled::{group_scratch_len, query_group};
 use crate::mask::MaskParts;
 use crate::simd::{with_scratch, Isa};
@@ -46,13 +46,14 @@ pub fn attention_with(
     if q.rank() == 4 && q.dim(2)? > 4 * BQ {
         return super::tiled::attention_with(q, k, v, mask, scale, cfg);
     }
-    if cfg.block_k == 0 {
+    if cfg.block_k == Some(0) {
         candle::bail!("few-queries attention: block_k must be at least 1")
     }
     let prep = Prepared::new(q, k, v, mask, scale)?;
     let isa = Isa::at_most(cfg.isa);
     let kind = Kind::choose(prep.in_dtype, isa, cfg.half_dot);
-    prep.run(isa, kind, |inp, out| run(isa, inp, out, cfg.block_k))
+    let bk = cfg.block_k.unwrap_or_else(|| default_block_k(isa));
+    prep.run(isa, kind, |inp, out| run(isa, inp, out, bk))
 }
 
 fn run(isa: Isa, inp: &Inputs, out: OutRows, bk: usize) {

@@ -10,8 +10,8 @@
 //!
 //! The tiled kernel splits the work into tasks of one `(batch, head)` and up to four blocks of [`BQ`] = 64
 //! queries, run in parallel with rayon. A task transposes each query block once, `qt`
-//! `(D, BQ)`, then walks the keys in blocks of `block_k` (128); every key/value block is
-//! used by all the task's query blocks while it is in cache:
+//! `(D, BQ)`, then walks the keys in blocks of `block_k` (64 at AVX2, 128 otherwise); every
+//! key/value block is used by all the task's query blocks while it is in cache:
 //!
 //! 1. scores `Sᵀ = K_blk · Qᵀ` `(block_k, BQ)`, times `scale · log2(e)`: a register-blocked
 //!    micro-kernel (6 keys × 64 queries, 24 accumulators on AVX-512) that reads the keys in

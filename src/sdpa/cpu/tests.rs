@@ -66,7 +66,7 @@ fn check_both_kernels(
 ) {
     for isa in crate::simd::available_levels() {
         let cfg = TiledConfig {
-            block_k: 16,
+            block_k: Some(16),
             isa: Some(isa),
             blocks_per_task: None,
             half_dot: true,
@@ -288,7 +288,7 @@ fn half_kernels_match_the_reference() {
                 .chain(levels.last().map(|&l| (l, false)));
             for (isa, half_dot) in runs {
                 let cfg = TiledConfig {
-                    block_k: 16,
+                    block_k: Some(16),
                     isa: Some(isa),
                     blocks_per_task: None,
                     half_dot,

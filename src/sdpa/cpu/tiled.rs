@@ -5,7 +5,7 @@
 use super::half::{self, Kind};
 use super::kernels::{add_key_bias, pv, scores, scores_few, softmax_update, transpose_queries};
 use super::prepare::{Data, Dims, Inputs, OutBlock, OutRows, Prepared, Rows, Strided};
-use super::tile::{TiledConfig, BQ, FEW_QUERIES};
+use super::tile::{default_block_k, TiledConfig, BQ, FEW_QUERIES};
 use crate::mask::MaskParts;
 use crate::simd::{with_scratch, Isa};
 use candle::Tensor;
@@ -26,7 +26,7 @@ pub fn attention_with(
     cfg: &TiledConfig,
 ) -> candle::Result<Tensor> {
     let prep = Prepared::new(q, k, v, mask, scale)?;
-    if cfg.block_k == 0 {
+    if cfg.block_k == Some(0) {
         candle::bail!("tiled attention: block_k must be at least 1")
     }
     let g = match cfg.blocks_per_task {
@@ -36,9 +36,8 @@ pub fn attention_with(
     };
     let isa = Isa::at_most(cfg.isa);
     let kind = Kind::choose(prep.in_dtype, isa, cfg.half_dot);
-    prep.run(isa, kind, |inp, out| {
-        run_tiled(isa, inp, out, cfg.block_k, g)
-    })
+    let bk = cfg.block_k.unwrap_or_else(|| default_block_k(isa));
+    prep.run(isa, kind, |inp, out| run_tiled(isa, inp, out, bk, g))
 }
 
 /// Query blocks per task (1, 2 or 4): a task walks the keys once for all its blocks, so each
