@@ -80,6 +80,13 @@ impl MappedMatrix {
         unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<f32>(), self.rows * self.cols) }
     }
 
+    /// Drops this process's resident pages of the matrix (see [`TensorFile::release`]), once
+    /// the loader has made the copy it computes with: reading it again faults them back in.
+    pub(crate) fn release_pages(&self) {
+        self.file
+            .release(self.offset..self.offset + self.rows * self.cols * 4);
+    }
+
     /// Rows `start .. start + len`, sharing the file.
     pub fn narrow_rows(&self, start: usize, len: usize) -> Option<Self> {
         (start.checked_add(len)? <= self.rows).then(|| Self {
@@ -176,7 +183,7 @@ impl MappedBf16Matrix {
         bits.par_chunks_mut(1 << 16)
             .zip(data.par_chunks(1 << 16))
             .for_each(|(dst, src)| dst.convert_from_f32_slice(src));
-        let bytes: &[u8] = bytemuck_bf16(&bits);
+        let bytes: &[u8] = bf16_bytes(&bits);
         let view =
             safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![rows, cols], bytes)
                 .map_err(|e| candle::Error::Msg(format!("'{name}' as bf16: {e}")))?;
@@ -245,8 +252,48 @@ impl MappedBf16Matrix {
 
 /// The bytes of `bits` (little-endian, as safetensors stores them on the little-endian CPUs
 /// this crate's in-place reads support).
-fn bytemuck_bf16(bits: &[half::bf16]) -> &[u8] {
+fn bf16_bytes(bits: &[half::bf16]) -> &[u8] {
     // SAFETY: `bf16` is a `u16` newtype without padding; any initialised memory is valid as
     // bytes, and the slice covers exactly the 2 · len bytes of `bits`, borrowed from it.
     unsafe { std::slice::from_raw_parts(bits.as_ptr().cast::<u8>(), std::mem::size_of_val(bits)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn released_pages_read_back_unchanged() {
+        // A matrix spanning many pages, mapped; its pages released while a slice of it is
+        // borrowed; every value reads back the same (the pages fault in again from the file).
+        let (rows, cols) = (300, 257);
+        let values: Vec<f32> = (0..rows * cols).map(|i| (i as f32).sin()).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        let t =
+            candle::Tensor::from_vec(values.clone(), (rows, cols), &candle::Device::Cpu).unwrap();
+        super::super::tensor_file::save_tensors(&[("w", &t)], &path).unwrap();
+        let file = TensorFile::open(&path).unwrap();
+        assert!(file.is_mapped());
+        let m = MappedMatrix::in_file(&file, "w", rows, cols).unwrap();
+        let data = m.data();
+        assert_eq!(data, &values[..]);
+        m.release_pages();
+        assert_eq!(data, &values[..]);
+        let rounded = MappedBf16Matrix::rounded_from_f32(data, rows, cols, "w").unwrap();
+        let want: Vec<u16> = values
+            .iter()
+            .map(|&x| half::bf16::from_f32(x).to_bits())
+            .collect();
+        assert_eq!(rounded.bits(), &want[..]);
+        // An owned copy has nothing to release: a no-op.
+        rounded.file.release(0..rounded.file.bytes().len());
+        assert_eq!(rounded.bits(), &want[..]);
+        // A ragged request is an error that names it, not a panic.
+        let err = MappedBf16Matrix::rounded_from_f32(data, rows, cols + 1, "w")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("'w'") && err.contains("300 x 258"), "{err}");
+    }
 }

@@ -268,7 +268,13 @@ impl<'a> WeightSource<'a> {
                 .as_ref()
                 .and_then(|file| MappedMatrix::in_file(file, &full, out, inp));
             let quantized = match mapped {
-                Some(m) => Int8Matrix::quantize(m.data(), out, inp),
+                Some(m) => {
+                    let q = Int8Matrix::quantize(m.data(), out, inp);
+                    // The f32 pages are not read again (unless a tied embedding gathers a
+                    // few rows of them): out of the resident set before the next matrix.
+                    m.release_pages();
+                    q
+                }
                 None => {
                     let w = self.tensor((out, inp), name, init)?;
                     Int8Matrix::quantize(&w.flatten_all()?.to_vec1::<f32>()?, out, inp)
@@ -294,8 +300,9 @@ impl<'a> WeightSource<'a> {
                 // (`f32` panels on CPUs without AVX-512 BF16: twice the f32 run's memory and a
                 // third of its decoding speed at the AVX2 level).
                 if let Some(m) = MappedMatrix::in_file(file, &full, out, inp) {
-                    return MappedBf16Matrix::rounded_from_f32(m.data(), out, inp, &full)
-                        .map(WeightMatrix::MappedBf16);
+                    let rounded = MappedBf16Matrix::rounded_from_f32(m.data(), out, inp, &full);
+                    m.release_pages();
+                    return rounded.map(WeightMatrix::MappedBf16);
                 }
             } else if let Some(m) = MappedMatrix::in_file(file, &full, out, inp) {
                 return Ok(WeightMatrix::Mapped(m));

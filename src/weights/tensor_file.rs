@@ -116,6 +116,34 @@ impl TensorFile {
         Self::validate(Bytes::Static(bytes), origin.into())
     }
 
+    /// Drops this process's resident pages of the bytes `range` of a memory-mapped file (the
+    /// whole 4 KiB pages inside it): for a weight the loader has copied (rounded to bf16,
+    /// quantized) and does not read again, so that the load's peak resident set does not hold
+    /// both. The pages stay in the page cache, and reading them again faults them back in
+    /// from the file, unchanged. Nothing for a file read into memory or embedded, or where
+    /// the system refuses (the advice is a hint).
+    pub(crate) fn release(&self, range: std::ops::Range<usize>) {
+        const PAGE: usize = 4096;
+        if let Bytes::Mapped(map) = &self.inner.bytes {
+            let start = range.start.next_multiple_of(PAGE);
+            let end = range.end.min(map.len()) / PAGE * PAGE;
+            if start < end {
+                // SAFETY: `MADV_DONTNEED` on this private, read-only file mapping only drops
+                // this process's copies of the pages: no page was ever written (the map is
+                // read-only), so the next access reads the same bytes from the file, and every
+                // slice borrowed from the map still points at those bytes. A refusal (another
+                // page size) leaves the pages resident, nothing else.
+                let _ = unsafe {
+                    map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        start,
+                        end - start,
+                    )
+                };
+            }
+        }
+    }
+
     /// Whether the file is memory-mapped (`false` when it was read or is embedded).
     pub fn is_mapped(&self) -> bool {
         matches!(self.inner.bytes, Bytes::Mapped(_))
