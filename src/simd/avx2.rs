@@ -81,10 +81,7 @@ unsafe fn exp2_poly<const N: usize>(x: __m256, c: [f32; N]) -> __m256 {
     );
     let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
     let f = _mm256_sub_ps(x, n);
-    let mut p = _mm256_set1_ps(c[0]);
-    for &ci in &c[1..] {
-        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(ci));
-    }
+    let p = horner(f, c);
     // 2^n for n in -126 ..= 127: the biased exponent n + 127 in 1 ..= 254. (A NaN lane gives
     // some finite scale, and NaN times it is NaN.)
     let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
@@ -94,17 +91,30 @@ unsafe fn exp2_poly<const N: usize>(x: __m256, c: [f32; N]) -> __m256 {
     _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), live)
 }
 
+/// The polynomial with coefficients `c` (highest degree first) at `f`, by Horner's rule in
+/// fused multiply-adds: the `2^f` of every exponential here.
+///
+/// # Safety
+/// AVX2 and FMA available (registers only).
+#[inline(always)]
+unsafe fn horner<const N: usize>(f: __m256, c: [f32; N]) -> __m256 {
+    let mut p = _mm256_set1_ps(c[0]);
+    for &ci in &c[1..] {
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(ci));
+    }
+    p
+}
+
 /// `2^x` for the softmax's `x = s - max <= 0` (or `-inf`, or NaN): [`exp2_ps`]'s polynomial
-/// and, for `x` in `[-126, 0]`, its result bit for bit (at the ties `x = k + 1/2`, where
-/// the shifter's +127 makes it round to the other neighbour, within an ulp), in fewer
-/// instructions (6.0 cycles a
-/// vector in a loop on Zen 3 instead of 8.5). Rounding by the 1.5 · 2^23 shifter replaces
-/// `vroundps` / `vcvtps2dq` (the rounded value's integer bits sit in the sum's mantissa,
-/// already biased by 127), and there is no upper clamp and no lane mask: `x` is raised to at
-/// least -127, whose `2^-127` is built as the bits of `+0.0`, so `-inf` and everything up to
-/// -126.5 give exactly `0` (a fully masked row stays all zeros); `(-126.5, -126)` gives the
-/// denormal `2^x` where [`exp2_ps`] gives `0`; NaN stays NaN. `x > 0` is never asked for and
-/// gives garbage (`+inf`: NaN).
+/// and, for `x` in `[-126, 0]`, its result bit for bit (at the ties `x = k + 1/2`, where the
+/// shifter's +127 makes it round to the other neighbour, within an ulp), in fewer instructions:
+/// 6.0 cycles a vector in a loop on Zen 3 instead of 8.5. Rounding by the 1.5 · 2^23 shifter
+/// replaces `vroundps` / `vcvtps2dq` (the rounded value's integer bits sit in the sum's
+/// mantissa, already biased by 127), and there is no upper clamp and no lane mask: `x` is
+/// raised to at least -127, whose `2^-127` is built as the bits of `+0.0`, so `-inf` and
+/// everything up to -126.5 give exactly `0` (a fully masked row stays all zeros);
+/// `(-126.5, -126)` gives the denormal `2^x` where [`exp2_ps`] gives `0`; NaN stays NaN.
+/// `x > 0` is never asked for and gives garbage (`+inf`: NaN).
 ///
 /// # Safety
 /// AVX2 and FMA available (registers only).
@@ -118,11 +128,7 @@ pub(crate) unsafe fn exp2_nonpositive_ps(x: __m256) -> __m256 {
     let x = _mm256_max_ps(_mm256_set1_ps(-127.0), x);
     let y = _mm256_add_ps(x, _mm256_set1_ps(SHIFT));
     let f = _mm256_sub_ps(x, _mm256_sub_ps(y, _mm256_set1_ps(SHIFT)));
-    let c = super::scalar::EXP2_POLY;
-    let mut p = _mm256_set1_ps(c[0]);
-    for &ci in &c[1..] {
-        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(ci));
-    }
+    let p = horner(f, super::scalar::EXP2_POLY);
     // round(x) + 127 from the mantissa into the exponent field (the bits above it shift out).
     let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(y));
     _mm256_mul_ps(p, _mm256_castsi256_ps(e))
@@ -151,11 +157,7 @@ pub(crate) unsafe fn exp_ps(x: __m256) -> __m256 {
     );
     let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
     let f = _mm256_add_ps(_mm256_sub_ps(t, n), err);
-    let c = super::scalar::EXP2_POLY;
-    let mut p = _mm256_set1_ps(c[0]);
-    for &ci in &c[1..] {
-        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(ci));
-    }
+    let p = horner(f, super::scalar::EXP2_POLY);
     let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
         _mm256_cvtps_epi32(n),
         _mm256_set1_epi32(127),
@@ -269,8 +271,8 @@ mod tests {
         crate::simd::Isa::get().level() >= crate::simd::IsaLevel::Avx2
     }
 
-    /// `exp2_ps` against `f32::exp2` within 3e-7 over [-125, 25]; `-inf` and everything below
-    /// -126 to exactly 0; 0 to exactly 1; NaN to NaN, `+inf` to 2^127; never a denormal.
+    /// `exp2_nonpositive_ps` against `exp2_ps` over [-126, 0] (bit for bit but at the ties),
+    /// and its special values: `-inf`, -127 and below to exactly 0, NaN to NaN, -0 and 0 to 1.
     #[test]
     fn exp2_nonpositive_is_exp2_below_zero() {
         if !has_avx2() {
@@ -319,6 +321,8 @@ mod tests {
         assert_eq!((out[6], out[7]), (2f32.powi(-126), 1.0));
     }
 
+    /// `exp2_ps` against `f32::exp2` within 3e-7 over [-125, 25]; `-inf` and everything below
+    /// -126 to exactly 0; 0 to exactly 1; NaN to NaN, `+inf` to 2^127; never a denormal.
     #[test]
     fn exp2_matches_std() {
         if !has_avx2() {

@@ -168,7 +168,6 @@ impl MappedBf16Matrix {
         cols: usize,
         name: &str,
     ) -> candle::Result<Self> {
-        use half::slice::HalfFloatSliceExt;
         use rayon::prelude::*;
         let count = rows
             .checked_mul(cols)
@@ -179,17 +178,25 @@ impl MappedBf16Matrix {
                     data.len()
                 ))
             })?;
-        let mut bits = vec![half::bf16::ZERO; count];
-        bits.par_chunks_mut(1 << 16)
+        // The little-endian bytes safetensors stores, written straight from the rounding.
+        let mut bytes = vec![0u8; 2 * count];
+        bytes
+            .par_chunks_mut(2 << 16)
             .zip(data.par_chunks(1 << 16))
-            .for_each(|(dst, src)| dst.convert_from_f32_slice(src));
-        let bytes: &[u8] = bf16_bytes(&bits);
-        let view =
-            safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![rows, cols], bytes)
-                .map_err(|e| candle::Error::Msg(format!("'{name}' as bf16: {e}")))?;
+            .for_each(|(dst, src)| {
+                for (d, &x) in dst.chunks_exact_mut(2).zip(src) {
+                    d.copy_from_slice(&half::bf16::from_f32(x).to_le_bytes());
+                }
+            });
+        let view = safetensors::tensor::TensorView::new(
+            safetensors::Dtype::BF16,
+            vec![rows, cols],
+            &bytes,
+        )
+        .map_err(|e| candle::Error::Msg(format!("'{name}' as bf16: {e}")))?;
         let blob = safetensors::serialize([(name, view)], None)
             .map_err(|e| candle::Error::Msg(format!("'{name}' as bf16: {e}")))?;
-        drop(bits);
+        drop(bytes);
         let file = TensorFile::from_bytes(blob, format!("'{name}' rounded to bf16"))?;
         Self::in_file(&file, name, rows, cols).ok_or_else(|| {
             candle::Error::Msg(format!(
@@ -248,14 +255,6 @@ impl MappedBf16Matrix {
         }
         candle::Tensor::from_vec(out, (ids.len(), self.cols), &candle::Device::Cpu)
     }
-}
-
-/// The bytes of `bits` (little-endian, as safetensors stores them on the little-endian CPUs
-/// this crate's in-place reads support).
-fn bf16_bytes(bits: &[half::bf16]) -> &[u8] {
-    // SAFETY: `bf16` is a `u16` newtype without padding; any initialised memory is valid as
-    // bytes, and the slice covers exactly the 2 · len bytes of `bits`, borrowed from it.
-    unsafe { std::slice::from_raw_parts(bits.as_ptr().cast::<u8>(), std::mem::size_of_val(bits)) }
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@
 
 use super::half::Kind;
 use super::prepare::{Inputs, OutBlock, OutRows, Prepared};
-use super::tile::{default_block_k, TiledConfig, BQ};
+use super::tile::{TiledConfig, BQ};
 use super::tiled::{group_scratch_len, query_group};
 use crate::mask::MaskParts;
 use crate::simd::{with_scratch, Isa};
@@ -52,7 +52,7 @@ pub fn attention_with(
     let prep = Prepared::new(q, k, v, mask, scale)?;
     let isa = Isa::at_most(cfg.isa);
     let kind = Kind::choose(prep.in_dtype, isa, cfg.half_dot);
-    let bk = cfg.block_k.unwrap_or_else(|| default_block_k(isa));
+    let bk = cfg.block_k_at(isa);
     prep.run(isa, kind, |inp, out| run(isa, inp, out, bk))
 }
 

@@ -16,7 +16,7 @@ pub(crate) const FEW_QUERIES: usize = 4;
 /// fewer: its key block, value block and score tile (`block_k × 64` floats each) then fit
 /// Zen 3's 32 KiB L1 two at a time (64 keys ran 2–4% faster than 128 there, N = 512–4096);
 /// the AVX-512 and portable levels keep the 128 they were tuned with.
-pub(crate) fn default_block_k(isa: Isa) -> usize {
+fn default_block_k(isa: Isa) -> usize {
     match isa {
         Isa::Avx2 => 64,
         _ => 128,
@@ -40,6 +40,14 @@ pub struct TiledConfig {
     /// bf16 inputs: use the AVX-512 BF16 dot-product kernels where the CPU has them (`true`,
     /// the default); `false` converts bf16 tiles to `f32` instead, as on CPUs without them.
     pub half_dot: bool,
+}
+
+impl TiledConfig {
+    /// The keys per block a kernel running at `isa` uses: [`TiledConfig::block_k`], or the
+    /// level's default.
+    pub(crate) fn block_k_at(&self, isa: Isa) -> usize {
+        self.block_k.unwrap_or_else(|| default_block_k(isa))
+    }
 }
 
 impl Default for TiledConfig {

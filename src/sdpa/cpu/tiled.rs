@@ -5,7 +5,7 @@
 use super::half::{self, Kind};
 use super::kernels::{add_key_bias, pv, scores, scores_few, softmax_update, transpose_queries};
 use super::prepare::{Data, Dims, Inputs, OutBlock, OutRows, Prepared, Rows, Strided};
-use super::tile::{default_block_k, TiledConfig, BQ, FEW_QUERIES};
+use super::tile::{TiledConfig, BQ, FEW_QUERIES};
 use crate::mask::MaskParts;
 use crate::simd::{with_scratch, Isa};
 use candle::Tensor;
@@ -36,7 +36,7 @@ pub fn attention_with(
     };
     let isa = Isa::at_most(cfg.isa);
     let kind = Kind::choose(prep.in_dtype, isa, cfg.half_dot);
-    let bk = cfg.block_k.unwrap_or_else(|| default_block_k(isa));
+    let bk = cfg.block_k_at(isa);
     prep.run(isa, kind, |inp, out| run_tiled(isa, inp, out, bk, g))
 }
 
