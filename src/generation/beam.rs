@@ -173,20 +173,24 @@ pub(crate) fn beam_search<M: StepDecoder>(
         check_candidates(nb, v, keep)?;
         // Items are independent: their processors, scores and selections run in parallel
         // (at beam-search sizes this host work is as long as the model's step).
-        items
-            .par_iter_mut()
-            .filter(|it| !it.settled)
-            .for_each(|item| {
-                let mut acc = vec![0f32; nb * v];
-                for b in 0..nb {
-                    let row = &mut acc[b * v..(b + 1) * v];
-                    row.copy_from_slice(step.row(item.rows[b]));
-                    process(cfg, &item.running[b], row);
-                    let running = item.running_scores[b];
-                    row.iter_mut().for_each(|x| *x += running);
-                }
-                step_item(item, &acc, v, keep, cur_len, cfg);
-            });
+        step.with_values(|values| {
+            items
+                .par_iter_mut()
+                .filter(|it| !it.settled)
+                .for_each(|item| {
+                    let mut acc = vec![0f32; nb * v];
+                    for b in 0..nb {
+                        let row = &mut acc[b * v..(b + 1) * v];
+                        let source = item.rows[b] * v;
+                        row.copy_from_slice(&values[source..source + v]);
+                        process(cfg, &item.running[b], row);
+                        let running = item.running_scores[b];
+                        row.iter_mut().for_each(|x| *x += running);
+                    }
+                    step_item(item, &acc, v, keep, cur_len, cfg);
+                });
+            Ok(())
+        })?;
         cur_len += 1;
         if cur_len >= cfg.max_length {
             break;

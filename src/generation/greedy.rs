@@ -7,6 +7,7 @@ use super::step::{fetch_step, reorder_unless_identity, StepDecoder};
 /// `torch.argmax`: the first maximum, NaN above everything ([`crate::simd::rows::argmax`]).
 use crate::simd::rows::argmax;
 use candle::Result;
+use rayon::prelude::*;
 
 /// Runs greedy search; returns each item's sequence (start token first, EOS included when
 /// generated, unpadded) with its summed log-probability, one hypothesis per item.
@@ -26,12 +27,22 @@ pub(crate) fn greedy<M: StepDecoder>(
     while !active.is_empty() && cur_len < cfg.max_length {
         let feed: Vec<u32> = active.iter().map(|&i| *seqs[i].last().unwrap()).collect();
         let step = fetch_step(model, state, &feed, &mut vocab, cfg)?;
+        // Rows are independent: their processors and maxima run in parallel.
+        let picks: Vec<(u32, f32)> = step.with_values(|values| {
+            Ok(values
+                .par_chunks(step.vocab.max(1))
+                .zip(active.par_iter())
+                .map(|(row, &item)| {
+                    let mut scores = row.to_vec();
+                    process(cfg, &seqs[item], &mut scores);
+                    let token = argmax(&scores);
+                    (token as u32, scores[token])
+                })
+                .collect())
+        })?;
         let mut keep = Vec::with_capacity(active.len());
-        for (row, &item) in active.iter().enumerate() {
-            let mut scores = step.row(row).to_vec();
-            process(cfg, &seqs[item], &mut scores);
-            let token = argmax(&scores) as u32;
-            sums[item] += scores[token as usize];
+        for (row, (&item, (token, score))) in active.iter().zip(picks).enumerate() {
+            sums[item] += score;
             seqs[item].push(token);
             if !cfg.eos.contains(&token) {
                 keep.push(row as u32);

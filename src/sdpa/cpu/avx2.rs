@@ -192,6 +192,72 @@ pub unsafe fn softmax_update(
     }
 }
 
+/// [`softmax_update`] for query 0 alone (a decoding step: one query per head), exactly as
+/// lane 0 of the 16-query pass computes it (the same maximum, exponentials and left-to-right
+/// sum) at a sixteenth of the exponentials: the keys' scores, 16 floats apart in the tile,
+/// are gathered 8 at a time (`BQ` floats apart).
+///
+/// # Safety
+/// AVX2 and FMA available; `st` readable and writable at `j * BQ` for `j < nk`; `m`, `l` and
+/// `alpha` for one float each.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn softmax_update_one(
+    st: *mut f32,
+    nk: usize,
+    m: *mut f32,
+    l: *mut f32,
+    alpha: *mut f32,
+) {
+    // `vmaxss` keeps the second operand when either is NaN, as `vmaxps` in the vector pass.
+    let mut mx = _mm_set_ss(f32::NEG_INFINITY);
+    for j in 0..nk {
+        mx = _mm_max_ss(mx, _mm_load_ss(st.add(j * BQ)));
+    }
+    let m_old = _mm_load_ss(m);
+    let m_new = _mm_max_ss(m_old, mx);
+    // Still -inf: subtract 0 instead, so that -inf - m stays -inf instead of NaN.
+    let m_use = if _mm_cvtss_f32(m_new) == f32::NEG_INFINITY {
+        0.0
+    } else {
+        _mm_cvtss_f32(m_new)
+    };
+    let a = _mm256_cvtss_f32(exp2_ps(_mm256_set1_ps(_mm_cvtss_f32(m_old) - m_use)));
+    *m = _mm_cvtss_f32(m_new);
+    *alpha = a;
+    let mv = _mm256_set1_ps(m_use);
+    // Key j's score is float j · BQ of the tile.
+    let stride = BQ as i32;
+    let offsets = _mm256_mullo_epi32(
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        _mm256_set1_epi32(stride),
+    );
+    let mut sum = 0f32;
+    let mut e = [0f32; 8];
+    let mut j = 0;
+    while j < nk {
+        let n = (nk - j).min(8);
+        let p = st.add(j * BQ);
+        let x = if n == 8 {
+            _mm256_i32gather_ps::<4>(p, offsets)
+        } else {
+            // The last keys: only `n` of them are read (the other lanes give 2^-inf = 0,
+            // unused).
+            let mut x = [f32::NEG_INFINITY; 8];
+            for (t, x) in x.iter_mut().enumerate().take(n) {
+                *x = *p.add(t * BQ);
+            }
+            _mm256_loadu_ps(x.as_ptr())
+        };
+        _mm256_storeu_ps(e.as_mut_ptr(), exp2_nonpositive_ps(_mm256_sub_ps(x, mv)));
+        for (t, &e) in e.iter().enumerate().take(n) {
+            *p.add(t * BQ) = e;
+            sum += e;
+        }
+        j += 8;
+    }
+    *l = (*l).mul_add(a, sum);
+}
+
 /// [`softmax_update`] for `V` vectors of 8 queries (`V = 2 · nv`).
 ///
 /// # Safety
@@ -286,6 +352,16 @@ pub unsafe fn pv(
     first: bool,
 ) {
     let mut c0 = 0;
+    if nq == 1 {
+        // One query row (a decoding step): 64 columns at a time, 8 independent FMA chains
+        // (the 16-column tiles below have 2 chains for one row, a quarter of the FMA rate
+        // behind the FMA latency). The same FMAs in the same order: the same sums.
+        while c0 + ROW_COLS <= dv {
+            // SAFETY: columns c0 .. c0 + 64 <= dv of row 0 of `o` and of every `v` row.
+            pv_row(st, nk, v.add(c0), vs, o.add(c0), alpha, first);
+            c0 += ROW_COLS;
+        }
+    }
     while c0 < dv {
         let w = (dv - c0).min(16);
         let last = w - 8 * ((w - 1) / 8); // 1..=8 lanes in the last vector
@@ -301,6 +377,46 @@ pub unsafe fn pv(
             (false, false) => pv_cols::<1, true>(st, nk, vc, vs, os, oc, nq, alpha, mask, first),
         }
         c0 += 16;
+    }
+}
+
+/// Columns of one output row per [`pv_row`] call: 8 vectors, the accumulators of 8
+/// independent FMA chains.
+const ROW_COLS: usize = 64;
+
+/// [`pv`] for one output row and the [`ROW_COLS`] columns from `v` / `o`.
+///
+/// # Safety
+/// AVX2 and FMA available; `st` readable at `j * BQ` for `j < nk`; `alpha` for one float;
+/// columns `0..ROW_COLS` of `v` rows `j < nk` (stride `vs`) readable and of `o` readable and
+/// writable.
+#[inline(always)]
+unsafe fn pv_row(
+    st: *const f32,
+    nk: usize,
+    v: *const f32,
+    vs: usize,
+    o: *mut f32,
+    alpha: *const f32,
+    first: bool,
+) {
+    const NV: usize = ROW_COLS / 8;
+    let mut acc = [_mm256_setzero_ps(); NV];
+    if !first {
+        let a = _mm256_broadcast_ss(&*alpha);
+        for (c, acc) in acc.iter_mut().enumerate() {
+            *acc = _mm256_mul_ps(_mm256_loadu_ps(o.add(8 * c)), a);
+        }
+    }
+    for j in 0..nk {
+        let vr = v.add(j * vs);
+        let p = _mm256_broadcast_ss(&*st.add(j * BQ));
+        for (c, acc) in acc.iter_mut().enumerate() {
+            *acc = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr.add(8 * c)), *acc);
+        }
+    }
+    for (c, acc) in acc.iter().enumerate() {
+        _mm256_storeu_ps(o.add(8 * c), *acc);
     }
 }
 
@@ -536,6 +652,15 @@ pub unsafe fn scores_few(
             // the unused accumulators, never stored.
             for (r, acc) in acc.iter_mut().enumerate() {
                 let kr = k.add((j + r.min(keys - 1)) * ks);
+                if i == 0 {
+                    // The row 16 keys ahead, a line at a time: a hint, never a fault.
+                    let ahead = kr.wrapping_add(16 * ks);
+                    let mut c = 0;
+                    while c < d {
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(c).cast());
+                        c += 16;
+                    }
+                }
                 let mut c0 = 0;
                 while c0 < d {
                     let masked = d - c0 < 8;

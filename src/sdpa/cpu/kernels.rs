@@ -159,9 +159,11 @@ pub(super) fn softmax_update(
     l: &mut [f32],
     alpha: &mut [f32],
     nv: usize,
+    nq: usize,
 ) {
     assert!(
         nv <= 4
+            && nq <= 16 * nv
             && st.len() >= nk * BQ
             && m.len() >= 16 * nv
             && l.len() >= 16 * nv
@@ -178,6 +180,18 @@ pub(super) fn softmax_update(
                 l.as_mut_ptr(),
                 alpha.as_mut_ptr(),
                 nv,
+            )
+        },
+        // SAFETY: avx2 and fma detected (see `Isa`); lengths asserted above (nq >= 1 reads
+        // m, l, alpha[0]).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 if nq == 1 => unsafe {
+            avx2::softmax_update_one(
+                st.as_mut_ptr(),
+                nk,
+                m.as_mut_ptr(),
+                l.as_mut_ptr(),
+                alpha.as_mut_ptr(),
             )
         },
         // SAFETY: avx2 and fma detected (see `Isa`); lengths asserted above.

@@ -400,3 +400,92 @@ fn row_wise_scores_match_the_reference_at_every_level() {
         }
     }
 }
+
+/// A decoding step's block (one query row) takes kernels of its own at some levels (AVX2:
+/// the softmax on that row alone, `P·V` with all 64 columns at once): at every level, the
+/// one-row softmax and `P·V` give bit for bit what the same row gets inside a two-row block,
+/// with masked (`-inf`) keys, a fully masked block, running statistics from earlier blocks,
+/// key counts off the 8-key groups and value widths off the 64-column rows.
+#[test]
+fn one_query_blocks_equal_their_row_in_a_larger_block_at_every_level() {
+    use super::kernels::{pv, softmax_update};
+    for isa in crate::simd::isas() {
+        for nk in [1, 7, 8, 13, 64] {
+            for masked in [0usize, 3, usize::MAX] {
+                for (m0, l0) in [(f32::NEG_INFINITY, 0.0f32), (1.25, 3.5)] {
+                    // Row 0 as both blocks see it; row 1 of the two-row block differs.
+                    let mut two = vec![0f32; nk * BQ];
+                    for j in 0..nk {
+                        let s = if masked == usize::MAX || j % 4 == masked {
+                            f32::NEG_INFINITY
+                        } else {
+                            ((j as f32 + 0.3) * 0.77).sin() * 4.0
+                        };
+                        two[j * BQ] = s;
+                        two[j * BQ + 1] = -(j as f32) * 0.5;
+                    }
+                    let mut one = vec![f32::NAN; nk * BQ];
+                    for j in 0..nk {
+                        one[j * BQ] = two[j * BQ];
+                    }
+                    let stats = |n: usize| (vec![m0; n], vec![l0; n], vec![0f32; n]);
+                    let (mut m1, mut l1, mut a1) = stats(16);
+                    let (mut m2, mut l2, mut a2) = stats(16);
+                    softmax_update(isa, &mut one, nk, &mut m1, &mut l1, &mut a1, 1, 1);
+                    softmax_update(isa, &mut two, nk, &mut m2, &mut l2, &mut a2, 1, 2);
+                    let case = format!("{isa:?} nk {nk} masked {masked} m0 {m0}");
+                    assert_eq!(m1[0].to_bits(), m2[0].to_bits(), "max, {case}");
+                    assert_eq!(l1[0].to_bits(), l2[0].to_bits(), "sum, {case}");
+                    assert_eq!(a1[0].to_bits(), a2[0].to_bits(), "alpha, {case}");
+                    for j in 0..nk {
+                        assert_eq!(one[j * BQ].to_bits(), two[j * BQ].to_bits(), "p{j}, {case}");
+                    }
+                    for dv in [5, 64, 70, 128] {
+                        let vs = dv + 3;
+                        let v = values(nk * vs, 0.9);
+                        for first in [true, false] {
+                            let old = values(2 * dv, 2.1);
+                            let (mut o1, mut o2) = (old[..dv].to_vec(), old.clone());
+                            // SAFETY: o1 holds one row of dv floats, o2 two at stride dv.
+                            unsafe {
+                                pv(
+                                    isa,
+                                    &one,
+                                    nk,
+                                    &v,
+                                    vs,
+                                    dv,
+                                    o1.as_mut_ptr(),
+                                    dv,
+                                    1,
+                                    &a1,
+                                    first,
+                                );
+                                pv(
+                                    isa,
+                                    &two,
+                                    nk,
+                                    &v,
+                                    vs,
+                                    dv,
+                                    o2.as_mut_ptr(),
+                                    dv,
+                                    2,
+                                    &a2,
+                                    first,
+                                );
+                            }
+                            let bits =
+                                |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                            assert_eq!(
+                                bits(&o1),
+                                bits(&o2[..dv]),
+                                "P·V dv {dv} first {first}, {case}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

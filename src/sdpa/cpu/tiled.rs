@@ -389,7 +389,7 @@ pub(crate) unsafe fn query_group(
             let first = !sub.started;
             match kv {
                 BlockKv::F32 { v, vs, .. } => {
-                    softmax_update(isa, st, nk, sub.m, sub.l, sub.alpha, nv);
+                    softmax_update(isa, st, nk, sub.m, sub.l, sub.alpha, nv, nq);
                     pv(
                         isa, st, nk, v, vs, dv, o_sub, o.stride, nq, sub.alpha, first,
                     )
