@@ -119,6 +119,8 @@ pub fn generate_hypotheses<M: StepDecoder>(
     if batch == 0 {
         return Ok(Vec::new());
     }
+    // The loops feed one token per row at lengths 1 .. max_length - 1.
+    model.reserve(&mut state, resolved.max_length.saturating_sub(1))?;
     if resolved.num_beams == 1 {
         greedy::greedy(model, &mut state, batch, &resolved)
     } else {

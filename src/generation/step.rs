@@ -21,6 +21,14 @@ pub trait StepDecoder {
     /// Rebuilds the state so that new row `i` is old row `rows[i]` (rows may repeat or be
     /// dropped; the number of rows may change).
     fn reorder(&self, state: &mut Self::State, rows: &[u32]) -> Result<()>;
+
+    /// Told once before the first step: no row will be fed more than `positions` tokens. A
+    /// decoder may size its caches for that at once (the default does nothing); it changes
+    /// no result.
+    fn reserve(&self, state: &mut Self::State, positions: usize) -> Result<()> {
+        let _ = (state, positions);
+        Ok(())
+    }
 }
 
 /// Checks one step's output `(rows, vocab)` of a [`StepDecoder`] fed `rows` tokens and the

@@ -41,11 +41,11 @@ pub(super) fn host_row_ids(rows: &Tensor) -> candle::Result<Option<Vec<u32>>> {
 }
 
 /// Rows `ids` of a contiguous CPU buffer `(B, H, capacity, head_dim)`, copying only the first
-/// `len` positions of each (row, head) and zero-filling the spare capacity, in one pass; `None`
-/// for anything else (another device, a tensor tracking its gradient, a dtype without a case
-/// here), which the caller gathers with `index_select`. Beam search reorders every step:
-/// candle's `index_select` zeroes the whole output and then copies every position, spare ones
-/// included (5% of a MarianMT beam-search step at 32 rows).
+/// `len` positions of each (row, head) into zeroed memory, in one pass; `None` for anything
+/// else (another device, a tensor tracking its gradient, a dtype without a case here), which
+/// the caller gathers with `index_select`. Beam search reorders every step: candle's
+/// `index_select` zeroes the whole output and then copies every position, spare ones included
+/// (5% of a MarianMT beam-search step at 32 rows).
 pub(super) fn gather_rows_cpu(
     buf: &Tensor,
     ids: &[u32],
@@ -72,8 +72,10 @@ pub(super) fn gather_rows_cpu(
 }
 
 /// [`gather_rows_cpu`] on the elements `src` of a `(B, H, cap, d)` buffer: `(ids.len(), H, cap,
-/// d)`, the first `valid` elements of each (row, head) block copied, the rest zero. Rows are
-/// written in parallel, each element once (no zeroing pass before the copy).
+/// d)`, the first `valid` elements of each (row, head) block copied into zeroed memory
+/// ([`zeroed_vec`]: the spare positions are never written, so a buffer with room reserved for
+/// a long decode costs resident memory only for the positions decoded so far). Rows are
+/// written in parallel.
 fn gather<T: candle::WithDType>(
     src: &[T],
     ids: &[u32],
@@ -82,26 +84,65 @@ fn gather<T: candle::WithDType>(
 ) -> candle::Result<Tensor> {
     let block = cap * d;
     let row = h * block;
-    let mut out: Vec<T> = Vec::with_capacity(ids.len() * row);
-    out.spare_capacity_mut()[..ids.len() * row]
-        .par_chunks_mut(row.max(1))
+    let mut out: Vec<T> = zeroed_vec(ids.len() * row)?;
+    out.par_chunks_mut(row.max(1))
         .zip(ids.par_iter())
         .for_each(|(dst, &r)| {
             for (head, dst) in dst.chunks_mut(block).enumerate() {
                 let start = (r as usize * h + head) * block;
-                let (kept, spare) = dst.split_at_mut(valid);
-                for (d, s) in kept.iter_mut().zip(&src[start..start + valid]) {
-                    d.write(*s);
-                }
-                for d in spare {
-                    d.write(T::zero());
-                }
+                dst[..valid].copy_from_slice(&src[start..start + valid]);
             }
         });
-    // SAFETY: the loop above wrote every one of the first `ids.len() * row` elements (each
-    // row's blocks: `valid` copied, the rest zero).
-    unsafe { out.set_len(ids.len() * row) };
     Tensor::from_vec(out, (ids.len(), h, cap, d), &candle::Device::Cpu)
+}
+
+/// A zeroed `(B, H, capacity, head_dim)` cache buffer of `dtype` on `device`. On the CPU, for
+/// the float dtypes, from the allocator's zeroed memory ([`zeroed_vec`]), which for a large
+/// buffer is fresh pages that become resident only where written (candle's `zeros` writes
+/// every element of an `f16`/`bf16` buffer); anything else through `Tensor::zeros`.
+pub(super) fn zeroed_buffer(
+    shape: (usize, usize, usize, usize),
+    dtype: candle::DType,
+    device: &candle::Device,
+) -> candle::Result<Tensor> {
+    use candle::DType::{BF16, F16, F32, F64};
+    if !device.is_cpu() {
+        return Tensor::zeros(shape, dtype, device);
+    }
+    let n = shape.0 * shape.1 * shape.2 * shape.3;
+    let cpu = &candle::Device::Cpu;
+    match dtype {
+        F32 => Tensor::from_vec(zeroed_vec::<f32>(n)?, shape, cpu),
+        F64 => Tensor::from_vec(zeroed_vec::<f64>(n)?, shape, cpu),
+        F16 => Tensor::from_vec(zeroed_vec::<half::f16>(n)?, shape, cpu),
+        BF16 => Tensor::from_vec(zeroed_vec::<half::bf16>(n)?, shape, cpu),
+        _ => Tensor::zeros(shape, dtype, device),
+    }
+}
+
+/// `n` zeros of a float type from `alloc_zeroed` (for large sizes: fresh pages the kernel
+/// zeroes when first touched, nothing written here); an error, not an abort, when the
+/// allocator refuses.
+fn zeroed_vec<T: candle::WithDType>(n: usize) -> candle::Result<Vec<T>> {
+    // Only the float dtypes reach this (see the callers): all-zero bits are their zero.
+    debug_assert!(T::DTYPE.is_float());
+    if n == 0 || std::mem::size_of::<T>() == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<T>(n)
+        .map_err(|_| candle::Error::Msg(format!("kv cache: {n} elements overflow a buffer")))?;
+    // SAFETY: `layout` has a non-zero size (checked above).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as *mut T;
+    if ptr.is_null() {
+        candle::bail!(
+            "kv cache: cannot allocate a buffer of {} bytes",
+            layout.size()
+        )
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with the layout of `n` `T`s (the
+    // layout `Vec<T>` frees with), and its `n` elements are initialised: all-zero bits are a
+    // valid `T` (a float's 0.0).
+    Ok(unsafe { Vec::from_raw_parts(ptr, n, n) })
 }
 
 /// How the rows of a buffer can move in place so that new row `i` is old row `ids[i]`.

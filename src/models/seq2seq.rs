@@ -238,6 +238,10 @@ impl StepDecoder for Seq2SeqModel {
     fn reorder(&self, state: &mut DecodeState, rows: &[u32]) -> candle::Result<()> {
         self.model.reorder(state, rows)
     }
+
+    fn reserve(&self, state: &mut DecodeState, positions: usize) -> candle::Result<()> {
+        self.model.reserve(state, positions)
+    }
 }
 
 /// Explaining is the shared model's.

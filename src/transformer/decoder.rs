@@ -47,9 +47,21 @@ pub struct DecoderLayerCache {
 #[derive(Clone, Debug, Default)]
 pub struct DecoderCache {
     layers: Vec<DecoderLayerCache>,
+    /// Positions each self-attention cache reserves (see [`DecoderCache::reserve`]).
+    reserved: usize,
 }
 
 impl DecoderCache {
+    /// Asks every layer's self-attention cache to make room for `positions` target positions
+    /// at once when it is next allocated ([`KvCache::reserve`]): for a decode of known
+    /// maximum length, one allocation per buffer instead of a doubling every time it is full.
+    pub fn reserve(&mut self, positions: usize) {
+        self.reserved = positions;
+        for layer in &mut self.layers {
+            layer.self_attn.reserve(positions);
+        }
+    }
+
     /// Number of target positions already decoded.
     pub fn len(&self) -> usize {
         self.layers.first().map_or(0, |l| l.self_attn.len())
@@ -491,6 +503,8 @@ impl TransformerDecoder {
         }
         if cache.layers.is_empty() {
             cache.layers = vec![DecoderLayerCache::default(); self.layers.len()];
+            let reserved = cache.reserved;
+            cache.reserve(reserved);
         }
         if cache.layers.len() != self.layers.len() {
             candle::bail!(
