@@ -91,24 +91,22 @@ impl KvCache {
                 v.dims()
             )
         }
-        let Some(shared) = &self.buffers else {
-            if self.reserved > t && !k.track_op() && !v.track_op() {
-                let buffer = |x: &Tensor| -> candle::Result<Tensor> {
-                    let fresh =
-                        zeroed_buffer((b, h, self.reserved, x.dim(3)?), x.dtype(), x.device())?;
-                    fresh.slice_set(&x.contiguous()?, 2, 0)?;
-                    Ok(fresh)
+        let shared = match &self.buffers {
+            Some(shared) => shared,
+            // A decode that reserved room starts with empty buffers of that size, which the
+            // in-place write below fills like any other append.
+            None if self.reserved > t && !k.track_op() && !v.track_op() => {
+                let room = |x: &Tensor| {
+                    zeroed_buffer((b, h, self.reserved, x.dim(3)?), x.dtype(), x.device())
                 };
-                let (kb, vb) = (buffer(k)?, buffer(v)?);
-                self.len = t;
-                let views = (kb.narrow(2, 0, t)?, vb.narrow(2, 0, t)?);
-                self.buffers = Some(Arc::new((kb, vb)));
-                return Ok(views);
+                &*self.buffers.insert(Arc::new((room(k)?, room(v)?)))
             }
-            let (k, v) = (k.contiguous()?, v.contiguous()?);
-            self.buffers = Some(Arc::new((k.clone(), v.clone())));
-            self.len = t;
-            return Ok((k, v));
+            None => {
+                let (k, v) = (k.contiguous()?, v.contiguous()?);
+                self.buffers = Some(Arc::new((k.clone(), v.clone())));
+                self.len = t;
+                return Ok((k, v));
+            }
         };
         let (kb, vb) = (&shared.0, &shared.1);
         let (cb, ch, cap, cd) = kb.dims4()?;

@@ -126,12 +126,12 @@ pub(super) fn zeroed_buffer(
 fn zeroed_vec<T: candle::WithDType>(n: usize) -> candle::Result<Vec<T>> {
     // Only the float dtypes reach this (see the callers): all-zero bits are their zero.
     debug_assert!(T::DTYPE.is_float());
-    if n == 0 || std::mem::size_of::<T>() == 0 {
+    if n == 0 {
         return Ok(Vec::new());
     }
     let layout = std::alloc::Layout::array::<T>(n)
         .map_err(|_| candle::Error::Msg(format!("kv cache: {n} elements overflow a buffer")))?;
-    // SAFETY: `layout` has a non-zero size (checked above).
+    // SAFETY: `layout` has a non-zero size (`n > 0`, and no float type is zero-sized).
     let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as *mut T;
     if ptr.is_null() {
         candle::bail!(

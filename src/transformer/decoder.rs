@@ -502,9 +502,9 @@ impl TransformerDecoder {
             )
         }
         if cache.layers.is_empty() {
-            cache.layers = vec![DecoderLayerCache::default(); self.layers.len()];
-            let reserved = cache.reserved;
-            cache.reserve(reserved);
+            let mut fresh = DecoderLayerCache::default();
+            fresh.self_attn.reserve(cache.reserved);
+            cache.layers = vec![fresh; self.layers.len()];
         }
         if cache.layers.len() != self.layers.len() {
             candle::bail!(
