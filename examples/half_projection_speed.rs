@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use candle::{DType, Device, Module, Tensor};
-use candle_attention::Projection;
+use candle_attention::projection::Projection;
 use std::time::Instant;
 
 fn main() -> Result<()> {

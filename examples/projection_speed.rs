@@ -16,8 +16,8 @@
 
 use anyhow::Result;
 use candle::{Device, Module, Tensor};
+use candle_attention::projection::Projection;
 use candle_attention::weights::Int8Matrix;
-use candle_attention::Projection;
 use std::time::Instant;
 
 /// Median and minimum of `iters` calls of `f`, in ms, after `iters / 4` untimed ones.

@@ -11,7 +11,7 @@
 //! **Instruction sets.** [`available_isas`] lists the levels the kernels can run at in this
 //! process (every level up to the CPU's best, lowered by `ATTN_CPU_ISA`); tests run each kernel
 //! at each of them through the per-call knobs: `TiledConfig::isa` for the attention kernels,
-//! [`projection::forward`] for a [`crate::Projection`], [`rows`] for the generation loops' row
+//! [`projection::forward`] for a [`crate::projection::Projection`], [`rows`] for the generation loops' row
 //! scans (the activations and layer norm are tested at every level by their unit tests).
 
 use crate::mask::{AttentionShape, Mask};
@@ -23,7 +23,7 @@ pub use crate::mask::MaskParts;
 // `ATTN_CPU_ISA`.
 pub use crate::cpu::{available_levels as available_isas, IsaLevel, ISA_ENV};
 
-/// [`crate::Projection`] at a chosen instruction set.
+/// [`crate::projection::Projection`] at a chosen instruction set.
 pub mod projection {
     use super::*;
 

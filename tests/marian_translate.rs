@@ -1,11 +1,12 @@
 //! Text to text with a complete MarianMT directory (tests/fixtures/marian_e2e, made by
-//! tests/fixtures/make_marian_e2e_fixture.py): our tokenizer, model and generate() against the
-//! transformers pipeline `tokenizer(texts, padding=True)` → `generate()` →
-//! `batch_decode(skip_special_tokens=True)`, for every recorded setting.
+//! tests/fixtures/make_marian_e2e_fixture.py): [`Translator`] (our tokenizer, model and
+//! generate(), batched by length) against the transformers pipeline
+//! `tokenizer(texts, padding=True)` → `generate()` → `batch_decode(skip_special_tokens=True)`,
+//! for every recorded setting.
 
 use candle::Device;
-use candle_attention::generation::GenerationConfig;
 use candle_attention::marian::MarianTranslator;
+use candle_attention::{ErrorKind, TranslateOptions, Translator};
 use std::path::{Path, PathBuf};
 
 fn dir() -> PathBuf {
@@ -16,21 +17,22 @@ fn expected() -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir().join("expected.json")).unwrap()).unwrap()
 }
 
-/// The generation settings of a recorded case: the directory's, overridden by its kwargs.
-fn settings(kwargs: &serde_json::Value) -> GenerationConfig {
-    let mut cfg = GenerationConfig::from_model_dir(dir()).unwrap();
-    if let Some(b) = kwargs.get("num_beams") {
-        cfg = cfg.with_num_beams(b.as_u64().unwrap() as usize);
+/// The options of a recorded case: the directory's settings, overridden by its kwargs.
+fn options(kwargs: &serde_json::Value) -> TranslateOptions {
+    TranslateOptions {
+        beam: kwargs
+            .get("num_beams")
+            .map(|b| b.as_u64().unwrap() as usize),
+        max_new_tokens: kwargs
+            .get("max_new_tokens")
+            .map(|t| t.as_u64().unwrap() as usize),
+        ..TranslateOptions::default()
     }
-    if let Some(t) = kwargs.get("max_new_tokens") {
-        cfg = cfg.with_max_new_tokens(t.as_u64().unwrap() as usize);
-    }
-    cfg
 }
 
 #[test]
 fn translations_equal_the_transformers_pipeline() {
-    let translator = MarianTranslator::from_dir(dir(), &Device::Cpu).unwrap();
+    let translator = Translator::from_dir(dir()).unwrap();
     let exp = expected();
     let texts: Vec<String> = exp["texts"]
         .as_array()
@@ -42,13 +44,12 @@ fn translations_equal_the_transformers_pipeline() {
     let mut mismatches = Vec::new();
     for setting in exp["settings"].as_array().unwrap() {
         let name = setting["name"].as_str().unwrap();
-        let t = translator
-            .clone()
-            .with_generation_config(settings(&setting["generate_kwargs"]));
-        let got = t.translate(&texts).unwrap();
+        let got = translator
+            .translate(&texts, &options(&setting["generate_kwargs"]))
+            .unwrap();
         let want = setting["batched"]["texts"].as_array().unwrap();
         for ((text, got), want) in texts.iter().zip(got).zip(want) {
-            let got = got.unwrap();
+            let got = got.unwrap().text;
             compared += 1;
             if got != want.as_str().unwrap() {
                 mismatches.push(format!("{name}: {text:?} -> {got:?}, transformers {want}"));
@@ -84,18 +85,25 @@ fn the_tokenizer_gives_the_pipelines_padded_batch() {
 
 #[test]
 fn a_text_too_long_fails_alone() {
-    let translator = MarianTranslator::from_dir(dir(), &Device::Cpu).unwrap();
+    let translator = Translator::from_dir(dir()).unwrap();
     let long = "nine hundred ninety-nine ".repeat(200);
     let out = translator
-        .translate(&[
-            "Is it forty-two?",
-            long.as_str(),
-            "over five hundred twenty-two bridges",
-        ])
+        .translate(
+            &[
+                "Is it forty-two?",
+                long.as_str(),
+                "over five hundred twenty-two bridges",
+            ],
+            &TranslateOptions::default(),
+        )
         .unwrap();
-    assert_eq!(out[0].as_ref().unwrap(), "Ist es zweiundvierzig?");
-    let err = out[1].as_ref().unwrap_err().to_string();
-    assert!(err.contains("max_position_embeddings = 512"), "{err}");
+    assert_eq!(out[0].as_ref().unwrap().text, "Ist es zweiundvierzig?");
+    let err = out[1].as_ref().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Input);
+    assert!(
+        err.message().contains("max_position_embeddings = 512"),
+        "{err}"
+    );
     assert!(out[2].is_ok());
 }
 
@@ -117,7 +125,7 @@ fn a_vocabulary_that_disagrees_with_the_model_is_refused() {
         .unwrap();
     vocab.remove(&victim);
     std::fs::write(&vocab_path, serde_json::to_string(&vocab).unwrap()).unwrap();
-    let err = MarianTranslator::from_dir(tmp.path(), &Device::Cpu)
+    let err = Translator::from_dir(tmp.path())
         .expect_err("a vocabulary of the wrong size must be refused")
         .to_string();
     assert!(err.contains("323 tokens") && err.contains("324"), "{err}");

@@ -11,9 +11,10 @@ use candle_attention::models::encoder_decoder::{m2m100_position_ids, m2m100_posi
 use candle_attention::models::family_config::FamilyConfig;
 use candle_attention::models::m2m100::M2M100;
 use candle_attention::models::mbart::MBART;
-use candle_attention::models::multilingual_translator::MultilingualTranslator;
 use candle_attention::models::seq2seq::{Family, Seq2SeqModel};
+use candle_attention::tokenizers::load_multilingual_tokenizer;
 use candle_attention::TensorFile;
+use candle_attention::{TranslateOptions, Translator};
 use std::path::{Path, PathBuf};
 
 const VARIANTS: [&str; 3] = ["m2m100_tied", "m2m100_untied", "mbart"];
@@ -395,9 +396,9 @@ fn half_precision_weights_load_and_compute_in_f32() {
 
 /// The trained text-to-text directories of tests/fixtures/multilingual_e2e (NLLB-200 on
 /// M2M100, mBART-50; tiny models trained on a copy task by
-/// tests/fixtures/make_multilingual_e2e_fixtures.py): through [`MultilingualTranslator`] the
-/// padded batch of texts in several scripts encodes to transformers' ids and generates its
-/// sequences exactly, greedy and beam 4 (attn-cli/tests/multilingual_cli.rs checks the texts).
+/// tests/fixtures/make_multilingual_e2e_fixtures.py): the texts in several scripts encode to
+/// transformers' ids, and [`Translator::translate_pair`] generates its sequences and texts
+/// exactly, greedy and beam 4 (attn-cli/tests/multilingual_cli.rs checks the command).
 #[test]
 fn trained_e2e_directories_encode_and_generate_as_transformers() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/multilingual_e2e");
@@ -430,6 +431,9 @@ fn trained_e2e_directories_encode_and_generate_as_transformers() {
                 })
                 .collect()
         };
+        let tokenizer = load_multilingual_tokenizer(&dir).unwrap();
+        let translator = Translator::from_dir(&dir).unwrap();
+        let pad = tokenizer.pad_id();
         for case in expected["cases"].as_array().unwrap() {
             let (src, tgt) = (
                 case["source_lang"].as_str().unwrap(),
@@ -437,26 +441,26 @@ fn trained_e2e_directories_encode_and_generate_as_transformers() {
             );
             let beams = case["beams"].as_u64().unwrap() as usize;
             let max_new = case["max_new_tokens"].as_u64().unwrap() as usize;
-            let t = MultilingualTranslator::from_dir(&dir, src, tgt, &Device::Cpu).unwrap();
-            let cfg = t
-                .generation_config()
-                .clone()
-                .with_num_beams(beams)
-                .with_max_new_tokens(max_new);
-            let t = t.with_generation_config(cfg);
-            let pad = t.tokenizer().pad_id();
             let what = format!("{family} {src} -> {tgt}, {beams} beam(s)");
-            let encoded: Vec<Vec<u32>> = texts.iter().map(|s| t.encode(s).unwrap()).collect();
+            let encoded: Vec<Vec<u32>> = texts
+                .iter()
+                .map(|s| tokenizer.encode(s, src).unwrap())
+                .collect();
             assert_eq!(encoded, as_rows(&case["input_ids"], pad), "{what}: ids");
-            let best: Vec<_> = t
-                .generate_encoded(&encoded)
+            let options = TranslateOptions {
+                beam: Some(beams),
+                max_new_tokens: Some(max_new),
+                ..TranslateOptions::default()
+            };
+            let out: Vec<_> = translator
+                .translate_pair(&texts, src, tgt, &options)
                 .unwrap()
                 .into_iter()
-                .map(|h| h.unwrap().swap_remove(0))
+                .map(Result::unwrap)
                 .collect();
-            let got: Vec<Vec<u32>> = best.iter().map(|h| h.tokens.clone()).collect();
+            let got: Vec<Vec<u32>> = out.iter().map(|t| t.tokens.clone()).collect();
             assert_eq!(got, as_rows(&case["sequences"], pad), "{what}: sequences");
-            let decoded: Vec<String> = best.iter().map(|h| t.decode(h).unwrap()).collect();
+            let decoded: Vec<&str> = out.iter().map(|t| t.text.as_str()).collect();
             let want: Vec<&str> = case["translations"]
                 .as_array()
                 .unwrap()

@@ -6,8 +6,9 @@
 mod common;
 
 use candle::{DType, Device, Module, Tensor, Var};
+use candle_attention::projection::Projection;
 use candle_attention::testing::{self, available_isas};
-use candle_attention::{AttentionArgs, MultiHeadAttention, MultiHeadAttentionConfig, Projection};
+use candle_attention::{AttentionArgs, MultiHeadAttention, MultiHeadAttentionConfig};
 use candle_nn::VarBuilder;
 use common::compare;
 use proptest::prelude::*;
@@ -294,7 +295,7 @@ fn hugging_face_projections_equal_the_tensors_they_were_loaded_from() {
 #[test]
 fn shared_weight_projection_equals_the_packed_one() {
     use candle::{Device, Tensor};
-    use candle_attention::Projection;
+    use candle_attention::projection::Projection;
     let dev = Device::Cpu;
     for (m, out, inp) in [
         (1, 70, 33),

@@ -14,8 +14,9 @@
 mod common;
 
 use candle::{DType, Device, Module, Tensor};
+use candle_attention::projection::Projection;
 use candle_attention::testing::{self, available_isas};
-use candle_attention::{MultiHeadAttention, MultiHeadAttentionConfig, Projection};
+use candle_attention::{MultiHeadAttention, MultiHeadAttentionConfig};
 use candle_nn::VarBuilder;
 use std::collections::HashMap;
 

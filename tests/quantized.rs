@@ -5,11 +5,11 @@
 //! directories, which load in place and translate exactly as quantizing at load does.
 
 use candle::{DType, Device, Tensor};
-use candle_attention::generation::GenerationConfig;
-use candle_attention::marian::{MarianMTModel, MarianTranslator};
+use candle_attention::marian::MarianMTModel;
 use candle_attention::models::convert::{convert_dir, ConvertTo};
 use candle_attention::weights::{Precision, Quantization};
 use candle_attention::TensorFile;
+use candle_attention::{TranslateOptions, Translator};
 use std::path::{Path, PathBuf};
 
 fn e2e() -> PathBuf {
@@ -37,18 +37,20 @@ fn texts() -> Vec<String> {
 }
 
 /// The translations of `texts` with `beams` beams (the directory's other settings).
-fn translate(translator: &MarianTranslator, beams: usize) -> Vec<String> {
-    let cfg = GenerationConfig::from_model_dir(e2e())
-        .unwrap()
-        .with_num_beams(beams);
+fn translate(translator: &Translator, beams: usize) -> Vec<String> {
     translator
-        .clone()
-        .with_generation_config(cfg)
-        .translate(&texts())
+        .translate(&texts(), &TranslateOptions::beam(beams))
         .unwrap()
         .into_iter()
-        .map(Result::unwrap)
+        .map(|r| r.unwrap().text)
         .collect()
+}
+
+/// `dir` loaded in `precision` on the CPU.
+fn load(dir: impl AsRef<std::path::Path>, precision: Precision) -> candle::Result<Translator> {
+    Translator::builder(dir.as_ref())
+        .precision(precision)
+        .build()
 }
 
 #[test]
@@ -56,9 +58,9 @@ fn int8_and_bf16_change_as_few_translations_as_ctranslate2_int8_does() {
     // Each engine against its own f32: ours is transformers' (the parity suites), CTranslate2's
     // float32 differs from it on a few hostile texts, for reasons that are not precision.
     let yardstick = json(e2e().join("precision.json"));
-    let f32 = MarianTranslator::from_dir(e2e(), &Device::Cpu).unwrap();
+    let f32 = Translator::from_dir(e2e()).unwrap();
     for (name, precision) in [("int8", int8()), ("bf16", Precision::from(DType::BF16))] {
-        let translator = MarianTranslator::from_dir_with(e2e(), precision, &Device::Cpu).unwrap();
+        let translator = load(e2e(), precision).unwrap();
         for setting in yardstick["settings"].as_array().unwrap() {
             let beams = setting["num_beams"].as_u64().unwrap() as usize;
             let theirs = |key: &str| -> Vec<String> {
@@ -277,10 +279,10 @@ fn a_converted_int8_directory_loads_in_place_and_translates_as_quantizing_at_loa
     for file in ["config.json", "source.spm", "target.spm", "vocab.json"] {
         assert!(out.join(file).is_file(), "{file} was not copied");
     }
-    let at_load = MarianTranslator::from_dir_with(e2e(), int8(), &Device::Cpu).unwrap();
+    let at_load = load(e2e(), int8()).unwrap();
     // No precision given: the directory is int8; --quantize int8 on it changes nothing.
-    let converted = MarianTranslator::from_dir(&out, &Device::Cpu).unwrap();
-    let again = MarianTranslator::from_dir_with(&out, int8(), &Device::Cpu).unwrap();
+    let converted = Translator::from_dir(&out).unwrap();
+    let again = load(&out, int8()).unwrap();
     for beams in [1, 4] {
         let want = translate(&at_load, beams);
         assert_eq!(translate(&converted, beams), want, "{beams} beams");
@@ -292,13 +294,10 @@ fn a_converted_int8_directory_loads_in_place_and_translates_as_quantizing_at_loa
     let report = convert_dir(&out, &twice, ConvertTo::Int8, false).unwrap();
     assert!(report.already, "{report:?}");
     assert_eq!(
-        translate(
-            &MarianTranslator::from_dir(&twice, &Device::Cpu).unwrap(),
-            1
-        ),
+        translate(&Translator::from_dir(&twice).unwrap(), 1),
         translate(&at_load, 1)
     );
-    let err = MarianTranslator::from_dir_with(&out, Precision::from(DType::BF16), &Device::Cpu)
+    let err = load(&out, Precision::from(DType::BF16))
         .unwrap_err()
         .to_string();
     assert!(err.contains("int8") && err.contains("BF16"), "{err}");
@@ -330,8 +329,8 @@ fn a_bf16_directory_translates_as_bf16_at_load_does() {
         "{report:?}"
     );
     let bf16 = Precision::from(DType::BF16);
-    let at_load = MarianTranslator::from_dir_with(e2e(), bf16, &Device::Cpu).unwrap();
-    let converted = MarianTranslator::from_dir_with(&out, bf16, &Device::Cpu).unwrap();
+    let at_load = load(e2e(), bf16).unwrap();
+    let converted = load(&out, bf16).unwrap();
     for beams in [1, 4] {
         assert_eq!(translate(&converted, beams), translate(&at_load, beams));
     }
@@ -368,7 +367,6 @@ fn multilingual_families_translate_in_int8_and_bf16() {
     // The trained NLLB-200 (M2M100) and mBART-50 directories of tests/fixtures/multilingual_e2e
     // (tiny copy-task models): each precision against transformers' f32 translations, and an
     // int8 directory written by `convert_dir` translating exactly as quantizing at load does.
-    use candle_attention::models::multilingual_translator::MultilingualTranslator;
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/multilingual_e2e");
     let tmp = tempfile::tempdir().unwrap();
     for family in ["nllb", "mbart50"] {
@@ -396,20 +394,17 @@ fn multilingual_families_translate_in_int8_and_bf16() {
                 .map(|t| t.as_str().unwrap())
                 .collect();
             let run = |dir: &Path, precision: Precision| -> Vec<String> {
-                let t =
-                    MultilingualTranslator::from_dir_with(dir, src, tgt, precision, &Device::Cpu)
-                        .unwrap();
-                let cfg = t
-                    .generation_config()
-                    .clone()
-                    .with_num_beams(beams)
-                    .with_max_new_tokens(max_new);
-                let t = t.with_generation_config(cfg);
-                let ids: Vec<Vec<u32>> = texts.iter().map(|s| t.encode(s).unwrap()).collect();
-                t.generate_encoded(&ids)
+                let options = TranslateOptions {
+                    beam: Some(beams),
+                    max_new_tokens: Some(max_new),
+                    ..TranslateOptions::default()
+                };
+                load(dir, precision)
+                    .unwrap()
+                    .translate_pair(&texts, src, tgt, &options)
                     .unwrap()
                     .into_iter()
-                    .map(|h| t.decode(&h.unwrap()[0]).unwrap())
+                    .map(|t| t.unwrap().text)
                     .collect()
             };
             let int8_at_load = run(&dir, int8());

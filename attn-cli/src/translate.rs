@@ -3,16 +3,14 @@
 use crate::bulk;
 use anyhow::Context;
 use attn_cli::heatmap::{self, AttentionMap, Heads};
-use attn_cli::number_translator::translator::Translator;
+use attn_cli::number_translator::translator::Translator as NumberTranslator;
 use attn_cli::shipped;
-use candle_attention::marian::MarianTranslator;
-use candle_attention::models::multilingual_translator::MultilingualTranslator;
-use candle_attention::models::seq2seq::Family;
+use candle_attention::{TranslateOptions, Translator};
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 
 /// Default of `--max-batch-tokens`.
-pub const DEFAULT_MAX_BATCH_TOKENS: usize = 4096;
+pub const DEFAULT_MAX_BATCH_TOKENS: usize = candle_attention::translator::DEFAULT_MAX_BATCH_TOKENS;
 
 /// Default of `--window`.
 pub const DEFAULT_WINDOW: usize = 1024;
@@ -23,16 +21,19 @@ pub struct TranslateArgs {
     /// default: the shipped model of weights/, built into this binary.
     #[arg(long, conflicts_with = "model")]
     weights: Option<PathBuf>,
-    /// A Hugging Face model directory to translate with instead: MarianMT (opus-mt:
-    /// config.json, model.safetensors or pytorch_model.bin, source.spm, target.spm,
-    /// vocab.json), or NLLB-200 / M2M100 / mBART-50 (with --source-lang and --target-lang).
-    #[arg(long)]
+    /// A Hugging Face model to translate with instead: a directory, or a hub id
+    /// ORG/NAME[@REVISION] (e.g. Helsinki-NLP/opus-mt-en-de), taken from the Hugging Face cache
+    /// and downloaded when missing (never with HF_HUB_OFFLINE=1). MarianMT (opus-mt), or
+    /// NLLB-200 / M2M100 / mBART-50 with --source-lang and --target-lang.
+    #[arg(long, value_name = "DIR|ORG/NAME")]
     model: Option<PathBuf>,
-    /// With an NLLB-200, M2M100 or mBART-50 --model: the language of the texts, as the family
-    /// spells it (eng_Latn, en, en_XX; `attn inspect DIR` lists them).
+    /// With --model: the language of the texts, as the family spells it (eng_Latn, en, en_XX;
+    /// `attn inspect DIR` lists them) or as ISO 639-1 (en). Needed for NLLB-200, M2M100 and
+    /// mBART-50; for MarianMT it must name the directory's own source language.
     #[arg(long, requires = "model", value_name = "CODE")]
     source_lang: Option<String>,
-    /// With an NLLB-200, M2M100 or mBART-50 --model: the language to translate into.
+    /// With --model: the language to translate into (as --source-lang); for a multi-target
+    /// MarianMT model, one of its >>xx<< targets (e.g. fra or fr).
     #[arg(long, requires = "model", value_name = "CODE")]
     target_lang: Option<String>,
     /// Beam width (1 = greedy). Default: 1 for the shipped model; the directory's
@@ -149,7 +150,7 @@ pub fn run(args: &TranslateArgs) -> anyhow::Result<()> {
     let beam = args.beam.unwrap_or(1);
     let device = args.device.device()?;
     let translator = match &args.weights {
-        Some(dir) => Translator::load(dir, &device)
+        Some(dir) => NumberTranslator::load(dir, &device)
             .with_context(|| format!("loading the translation model from {}", dir.display()))?,
         None => shipped::translator(&device).context("loading the built-in translation model")?,
     };
@@ -162,10 +163,12 @@ pub fn run(args: &TranslateArgs) -> anyhow::Result<()> {
     finish(failed, texts.len())
 }
 
-/// `attn translate --model DIR`: a Hugging Face directory, text to text, as the transformers
-/// pipeline does it, through the bulk path ([`bulk`]): MarianMT, or a multilingual family
-/// (NLLB-200, M2M100, mBART-50) with `--source-lang` / `--target-lang`.
-fn run_model(args: &TranslateArgs, dir: &std::path::Path, heads: Heads) -> anyhow::Result<()> {
+/// `attn translate --model DIR|ORG/NAME`: a Hugging Face directory or hub id, text to text,
+/// as the transformers pipeline does it, through the bulk path ([`bulk`]) over the library's
+/// [`Translator`]: MarianMT (its own pair, or `--source-lang`/`--target-lang` naming it or a
+/// `>>xx<<` target), or a multilingual family (NLLB-200, M2M100, mBART-50) with
+/// `--source-lang` / `--target-lang`.
+fn run_model(args: &TranslateArgs, model: &std::path::Path, heads: Heads) -> anyhow::Result<()> {
     if args.n_best == 0 {
         anyhow::bail!("--n-best must be at least 1");
     }
@@ -181,90 +184,88 @@ fn run_model(args: &TranslateArgs, dir: &std::path::Path, heads: Heads) -> anyho
     if args.max_batch_tokens == 0 || args.window == 0 {
         anyhow::bail!("--max-batch-tokens and --window must be at least 1");
     }
-    let device = args.device.device()?;
-    let family = Family::of_dir(dir)?;
-    if family == Family::Marian {
-        if args.source_lang.is_some() || args.target_lang.is_some() {
-            anyhow::bail!(
-                "{} is a MarianMT directory, which translates one language pair: \
-                 --source-lang and --target-lang are for NLLB-200, M2M100 and mBART-50",
-                dir.display()
-            )
-        }
-        let translator = MarianTranslator::from_dir_with(dir, args.precision.precision(), &device)
-            .with_context(|| format!("loading the MarianMT model in {}", dir.display()))?;
-        let generation =
-            crate::marian::generation_config(dir, args.beam, args.max_new_tokens, None)?;
-        let translator = translator.with_generation_config(n_best(args, generation)?);
-        crate::marian::check_generation_limits(translator.model(), translator.generation_config())?;
-        return run_bulk(args, heads, &translator, |text| {
-            Ok(translator.cross_attention(text, args.layer)?)
-        });
+    if args.max_new_tokens == Some(0) {
+        anyhow::bail!("--max-new-tokens must be at least 1");
     }
-    let (Some(src), Some(tgt)) = (&args.source_lang, &args.target_lang) else {
-        anyhow::bail!(
-            "{} is a {} directory: give the languages with --source-lang and --target-lang \
-             (codes as the family spells them; `attn inspect {}` lists them)",
-            dir.display(),
-            family.name(),
-            dir.display()
-        )
-    };
-    let translator =
-        MultilingualTranslator::from_dir_with(dir, src, tgt, args.precision.precision(), &device)
-            .with_context(|| format!("loading the {} model in {}", family.name(), dir.display()))?;
-    let generation = crate::marian::with_overrides(
-        translator.generation_config().clone(),
-        args.beam,
-        args.max_new_tokens,
-        None,
-    )?;
-    let translator = translator.with_generation_config(n_best(args, generation)?);
-    crate::marian::check_generation_limits(translator.model(), translator.generation_config())?;
-    run_bulk(args, heads, &translator, |text| {
-        let ids = translator.encode(text)?;
-        let hypothesis = translator
-            .generate_encoded(std::slice::from_ref(&ids))?
-            .swap_remove(0)?
-            .swap_remove(0);
-        Ok(translator.attention_map(&ids, &hypothesis, args.layer)?)
-    })
-}
-
-/// `generation` returning `--n-best` sequences (checked against the beams).
-fn n_best(
-    args: &TranslateArgs,
-    generation: candle_attention::GenerationConfig,
-) -> anyhow::Result<candle_attention::GenerationConfig> {
-    if args.n_best <= 1 {
-        return Ok(generation);
+    // A directory, or a hub id resolved through the Hugging Face cache (feature `hub`).
+    let mut builder = Translator::builder(model)
+        .precision(args.precision.precision())
+        .device(args.device.device()?)
+        .max_batch_tokens(args.max_batch_tokens);
+    if let Some(beam) = args.beam {
+        builder = builder.beam(beam);
     }
-    let beams = generation.num_beams.unwrap_or(1);
+    if let Some(n) = args.max_new_tokens {
+        builder = builder.max_new_tokens(n);
+    }
+    let translator = builder.build()?;
+    let beams = translator.generation_config().num_beams.unwrap_or(1);
     if args.n_best > beams {
         anyhow::bail!(
             "--n-best {} needs at least as many beams, got {beams} (--beam)",
             args.n_best
         );
     }
-    Ok(generation.with_num_return_sequences(args.n_best))
-}
-
-/// The bulk path over `engine`: lines from the arguments, `--input` or standard input, results
-/// to `--output` or standard output, a progress bar on a terminal, and the `--heatmap` of the
-/// first text drawn from `heatmap`.
-fn run_bulk<E: bulk::Engine + Sync>(
-    args: &TranslateArgs,
-    heads: Heads,
-    engine: &E,
-    heatmap: impl FnOnce(&str) -> anyhow::Result<AttentionMap>,
-) -> anyhow::Result<()> {
-    let options = bulk::Options {
-        window: args.window,
-        max_batch_tokens: args.max_batch_tokens,
-        format: args.format,
+    let pair = match (&args.source_lang, &args.target_lang) {
+        (Some(source), Some(target)) => Some((source.clone(), target.clone())),
+        (None, None)
+            if translator.default_pair().is_some() || translator.source_languages().is_empty() =>
+        {
+            None
+        }
+        (None, None) => anyhow::bail!(
+            "{} is a {} model: give the languages with --source-lang and --target-lang \
+             (codes as the family spells them, e.g. {}, or ISO 639-1; `attn inspect {}` lists \
+             them)",
+            model.display(),
+            translator.family_name(),
+            translator
+                .source_languages()
+                .iter()
+                .take(2)
+                .map(|l| l.code.as_str())
+                .collect::<Vec<_>>()
+                .join(" / "),
+            model.display()
+        ),
+        _ => anyhow::bail!("--source-lang and --target-lang go together: give both"),
+    };
+    let options = TranslateOptions {
+        beam: None,
+        max_new_tokens: None,
         n_best: args.n_best,
         alignments: args.alignments,
     };
+    let bulk_options = bulk::Options {
+        window: args.window,
+        format: args.format,
+        translate: options.clone(),
+        pair,
+    };
+    // Refuse options that cannot run before reading any input (e.g. --n-best above --beam).
+    let pair = bulk_options
+        .pair
+        .as_ref()
+        .map(|(s, t)| (s.as_str(), t.as_str()));
+    match pair {
+        Some((s, t)) => translator.translate_pair(&[] as &[&str], s, t, &options)?,
+        None => translator.translate(&[] as &[&str], &options)?,
+    };
+    run_bulk(args, heads, &translator, &bulk_options, |text| {
+        Ok(translator.cross_attention(text, pair, &TranslateOptions::default(), args.layer)?)
+    })
+}
+
+/// The bulk path over `translator`: lines from the arguments, `--input` or standard input,
+/// results to `--output` or standard output, a progress bar on a terminal, and the `--heatmap`
+/// of the first text drawn from `heatmap`.
+fn run_bulk(
+    args: &TranslateArgs,
+    heads: Heads,
+    translator: &Translator,
+    options: &bulk::Options,
+    heatmap: impl FnOnce(&str) -> anyhow::Result<AttentionMap>,
+) -> anyhow::Result<()> {
     let input: Box<dyn BufRead + Send> = match (&args.input, args.texts.is_empty()) {
         (Some(path), _) => Box::new(std::io::BufReader::new(
             std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?,
@@ -293,13 +294,13 @@ fn run_bulk<E: bulk::Engine + Sync>(
     };
     let bar = progress_bar(total_bytes);
     let started = std::time::Instant::now();
-    // On rayon's pool, as `attn generate` (see `on_rayon_pool`).
-    let summary = crate::pool::on_rayon_pool(|| {
+    // The translator runs its batches on rayon's pool.
+    let summary = {
         bulk::translate(
-            engine,
+            translator,
             input,
             output,
-            &options,
+            options,
             |line, reason| {
                 let message = format!("error: line {line}: {reason}");
                 match &bar {
@@ -319,7 +320,7 @@ fn run_bulk<E: bulk::Engine + Sync>(
                 }
             },
         )
-    })?;
+    }?;
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }

@@ -6,8 +6,9 @@
 //! * the families: [`marian`] (MarianMT, opus-mt; its own config type), and, on one shared
 //!   config reader ([`family_config`]), [`m2m100`] (M2M100 and NLLB-200 dense) and [`mbart`]
 //!   (mBART-50);
-//! * [`seq2seq`]: a directory's family by its `model_type`, and the M2M100 / mBART model;
-//!   [`multilingual_translator`]: that model with its tokenizer and a language pair, text to text.
+//! * [`seq2seq`]: a directory's family by its `model_type`, and the M2M100 / mBART model.
+//!
+//! Text to text, for every family, is [`crate::Translator`].
 //!
 //! A family adds its `config.json` (turned into an
 //! [`EncoderDecoderSpec`](encoder_decoder::EncoderDecoderSpec)), its tensor names
@@ -21,6 +22,5 @@ pub mod family_config;
 pub mod m2m100;
 pub mod marian;
 pub mod mbart;
-pub mod multilingual_translator;
 pub mod seq2seq;
-mod translation;
+pub(crate) mod translation;

@@ -11,7 +11,7 @@
 //! * a [`super::WeightSource::in_place`] hands such matrices to the layer constructors of this
 //!   crate ([`crate::MultiHeadAttention`], the Transformer's feed-forward layers, the model
 //!   families) instead of copying the weights out of the `VarBuilder`;
-//! * a [`crate::Projection`] over one computes `y = x Wᵀ + b` with its own kernel, which reads
+//! * a [`crate::projection::Projection`] over one computes `y = x Wᵀ + b` with its own kernel, which reads
 //!   `W` row by row where it lies (no packing), on rayon's pool.
 //!
 //! The resident memory of the process then holds each weight once, as page cache shared with

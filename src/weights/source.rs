@@ -1,6 +1,6 @@
 //! [`WeightSource`]: where a layer's constructor takes its tensors from, said in its signature.
 //!
-//! Every constructor of this crate that builds [`crate::Projection`]s (multi-head attention,
+//! Every constructor of this crate that builds [`crate::projection::Projection`]s (multi-head attention,
 //! the feed-forward layers, the model families) takes one, and has one construction path
 //! whatever the source:
 //!
@@ -15,7 +15,7 @@
 //!
 //! A source hands out plain tensors ([`WeightSource::tensor`]: biases, norms) and weight
 //! matrices ([`WeightSource::matrix`], a [`WeightMatrix`]: projection weights, embedding
-//! tables), which [`crate::Projection::from_matrix`] turns into a projection. Quantized and
+//! tables), which [`crate::projection::Projection::from_matrix`] turns into a projection. Quantized and
 //! other stored forms of a weight matrix are new [`WeightMatrix`] kinds: the constructors do
 //! not change.
 
@@ -83,6 +83,29 @@ impl From<DType> for Precision {
 }
 
 impl Precision {
+    /// `f32` throughout: exact (the parity suites' precision).
+    pub const F32: Precision = Precision {
+        dtype: DType::F32,
+        quantize: None,
+    };
+    /// `bf16` weights and activations: half the weight bytes, outputs differing from `f32` in
+    /// about 1 % of tokens.
+    pub const BF16: Precision = Precision {
+        dtype: DType::BF16,
+        quantize: None,
+    };
+    /// `f16` weights and activations.
+    pub const F16: Precision = Precision {
+        dtype: DType::F16,
+        quantize: None,
+    };
+    /// `int8` weight matrices (one scale per output row, inputs quantized per row at run time),
+    /// computing in `f32` on the CPU: a quarter of the `f32` weight bytes.
+    pub const INT8: Precision = Precision {
+        dtype: DType::F32,
+        quantize: Some(Quantization::Int8),
+    };
+
     /// Refuses what cannot run: a quantized model computes in `f32` on the CPU.
     pub fn check(&self, device: &candle::Device) -> candle::Result<()> {
         if let Some(q) = self.quantize {

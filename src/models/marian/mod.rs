@@ -1,8 +1,9 @@
 //! Hugging Face MarianMT (Helsinki-NLP `opus-mt-*`), the first family on the shared
 //! encoder-decoder ([`crate::models::encoder_decoder`]): its `config.json`
 //! ([`MarianConfig`], turned into the shared model's spec), the model ([`MarianMTModel`]),
-//! text in, text out ([`MarianTranslator`]: [`MarianTokenizer`], the model and
-//! [`crate::generation`], exactly as the transformers pipeline).
+//! one text explained ([`MarianTranslator`]: [`MarianTokenizer`], the model and
+//! [`crate::generation`], exactly as the transformers pipeline). Translating, batched, for
+//! every family: [`crate::Translator`].
 
 mod config;
 mod model;

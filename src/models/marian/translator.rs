@@ -12,19 +12,17 @@ use crate::weights::Precision;
 use candle::{Device, Tensor};
 use std::path::Path;
 
-/// Texts per padded batch: bounds the memory of one `generate` call. Rows of a padded batch are
-/// independent, so the batch size does not change any output.
-pub const BATCH_SIZE: usize = 16;
-
-/// A MarianMT model with its tokenizer and generation settings.
+/// A MarianMT model with its tokenizer and generation settings, one text at a time: what
+/// explaining a translation needs (its ids, a teacher-forced pass, the cross-attention of the
+/// text's own pieces). To translate, use [`crate::Translator`], which batches for throughput
+/// and serves every family.
 ///
 /// ```no_run
 /// use candle_attention::marian::MarianTranslator;
 /// # fn main() -> candle::Result<()> {
 /// let translator = MarianTranslator::from_dir("opus-mt-en-de", &candle::Device::Cpu)?;
-/// for result in translator.translate(&["Hello, world!", "How are you?"])? {
-///     println!("{}", result?);
-/// }
+/// let forced = translator.teacher_forcing("Hello, world!")?;
+/// println!("{} <- {:?}", forced.translation, forced.source_tokens);
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Debug)]
@@ -126,40 +124,6 @@ impl MarianTranslator {
     /// The text of a generated sequence, as `batch_decode(..., skip_special_tokens=True)`.
     pub fn decode(&self, hypothesis: &Hypothesis) -> candle::Result<String> {
         self.tokenizer.decode(&hypothesis.tokens, true)
-    }
-
-    /// Translates `texts` in padded batches of 16: one result per text, in order,
-    /// the best hypothesis's text. A text the model cannot take (too long, or whose
-    /// translation fails) gets its own error without failing the others.
-    pub fn translate<S: AsRef<str>>(
-        &self,
-        texts: &[S],
-    ) -> candle::Result<Vec<candle::Result<String>>> {
-        let mut out: Vec<Option<candle::Result<String>>> = (0..texts.len()).map(|_| None).collect();
-        let mut ok: Vec<(usize, Vec<u32>)> = Vec::with_capacity(texts.len());
-        for (i, t) in texts.iter().enumerate() {
-            match self.encode(t.as_ref()) {
-                Ok(ids) => ok.push((i, ids)),
-                Err(e) => out[i] = Some(Err(e)),
-            }
-        }
-        for chunk in ok.chunks(BATCH_SIZE) {
-            let rows: Vec<Vec<u32>> = chunk.iter().map(|(_, ids)| ids.clone()).collect();
-            for ((i, _), result) in chunk.iter().zip(self.generate_encoded(&rows)?) {
-                out[*i] = Some(result.and_then(|hyps| match hyps.first() {
-                    Some(best) => self.decode(best),
-                    None => Err(candle::Error::Msg(
-                        "generation returned no hypothesis".into(),
-                    )),
-                }));
-            }
-        }
-        Ok(out
-            .into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| Err(candle::Error::Msg("internal: text not translated".into())))
-            })
-            .collect())
     }
 
     /// Tokenizes `text` and translates it greedily (one beam, whatever the generation settings

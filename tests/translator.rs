@@ -1,0 +1,270 @@
+//! [`Translator`] as a user holds it: one type over MarianMT and the multilingual families,
+//! languages per call (family codes or ISO 639-1), typed per-text errors, results that do not
+//! depend on the batching, one model shared by many threads. Parity of the texts themselves
+//! with transformers is in tests/marian_translate.rs and tests/multilingual_models.rs.
+
+use candle_attention::{ErrorKind, Family, TranslateOptions, Translation, Translator};
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn marian() -> Translator {
+    Translator::from_dir(fixture("marian_e2e")).unwrap()
+}
+
+fn nllb() -> Translator {
+    Translator::from_dir(fixture("multilingual_e2e/nllb")).unwrap()
+}
+
+/// The texts of the Marian fixture (number words, hostile characters, repeats).
+fn marian_texts() -> Vec<String> {
+    let expected: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("marian_e2e/expected.json")).unwrap(),
+    )
+    .unwrap();
+    expected["texts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn texts_of(results: Vec<Result<Translation, candle_attention::TranslateError>>) -> Vec<String> {
+    results.into_iter().map(|r| r.unwrap().text).collect()
+}
+
+#[test]
+fn families_and_languages_are_read_from_the_directory() {
+    let m = marian();
+    assert_eq!(m.family(), Family::Marian);
+    assert_eq!(m.family_name(), "MarianMT");
+    assert_eq!(m.default_pair(), Some(("en", "de")));
+    assert_eq!(m.source_languages()[0].name, "English");
+    assert_eq!(m.target_languages()[0].iso639_1.as_deref(), Some("de"));
+
+    let n = nllb();
+    assert_eq!(n.family(), Family::M2M100);
+    assert_eq!(n.family_name(), "NLLB-200");
+    assert_eq!(n.default_pair(), None);
+    let deu = n
+        .target_languages()
+        .iter()
+        .find(|l| l.code == "deu_Latn")
+        .unwrap();
+    assert_eq!(
+        (deu.iso639_1.as_deref(), deu.name.as_str()),
+        (Some("de"), "German")
+    );
+    assert_eq!(n.source_languages().len(), 202);
+
+    let mbart = Translator::from_dir(fixture("multilingual_e2e/mbart50")).unwrap();
+    assert_eq!(
+        (mbart.family(), mbart.family_name()),
+        (Family::MBart, "mBART-50")
+    );
+    assert!(mbart
+        .source_languages()
+        .iter()
+        .any(|l| l.code == "en_XX" && l.is_named("en")));
+}
+
+#[test]
+fn iso_codes_and_family_codes_translate_alike() {
+    let n = nllb();
+    let texts = ["Hello, world!", "a"];
+    let options = TranslateOptions::default();
+    let by_code = texts_of(
+        n.translate_pair(&texts, "eng_Latn", "deu_Latn", &options)
+            .unwrap(),
+    );
+    let by_iso = texts_of(n.translate_pair(&texts, "en", "de", &options).unwrap());
+    assert_eq!(by_code, by_iso);
+    let m = marian();
+    let own = texts_of(m.translate(&texts, &options).unwrap());
+    assert_eq!(
+        own,
+        texts_of(m.translate_pair(&texts, "en", "de", &options).unwrap())
+    );
+}
+
+#[test]
+fn bad_requests_are_input_errors_that_name_the_problem() {
+    let n = nllb();
+    let options = TranslateOptions::default();
+    let err = n
+        .translate_pair(&["x"], "eng_Latn", "xx_Nope", &options)
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Input);
+    assert!(err.message().contains("xx_Nope"), "{err}");
+    let err = n.translate(&["x"], &options).unwrap_err();
+    assert!(
+        err.is_input() && err.message().contains("source and target"),
+        "{err}"
+    );
+    let err = n
+        .translate_pair(
+            &["x"],
+            "en",
+            "de",
+            &TranslateOptions {
+                n_best: 3,
+                ..TranslateOptions::beam(2)
+            },
+        )
+        .unwrap_err();
+    assert!(err.is_input() && err.message().contains("beams"), "{err}");
+    let err = n
+        .translate_pair(
+            &["x"],
+            "en",
+            "de",
+            &TranslateOptions {
+                max_new_tokens: Some(100_000),
+                ..options.clone()
+            },
+        )
+        .unwrap_err();
+    assert!(
+        err.is_input() && err.message().contains("max_position_embeddings"),
+        "{err}"
+    );
+    let err = marian()
+        .translate_pair(&["x"], "fr", "de", &options)
+        .unwrap_err();
+    assert!(
+        err.is_input() && err.message().contains("fr is not a source language"),
+        "{err}"
+    );
+    // A `?` in a candle::Result function takes it.
+    let as_candle: candle_attention::candle::Error = err.into();
+    assert!(as_candle.to_string().contains("fr"));
+}
+
+#[test]
+fn outputs_do_not_depend_on_the_batching_and_repeats_are_shared() {
+    let mut texts = marian_texts();
+    texts.push(texts[0].clone());
+    texts.push(String::new());
+    for beam in [1, 3] {
+        let options = TranslateOptions::beam(beam);
+        let all = texts_of(marian().translate(&texts, &options).unwrap());
+        let one_by_one = Translator::builder(fixture("marian_e2e"))
+            .max_batch_tokens(1)
+            .build()
+            .unwrap();
+        assert_eq!(
+            all,
+            texts_of(one_by_one.translate(&texts, &options).unwrap()),
+            "beam {beam}"
+        );
+        assert_eq!(all[0], all[all.len() - 2]);
+        for (text, want) in texts.iter().zip(&all).step_by(5) {
+            let alone = texts_of(marian().translate(&[text], &options).unwrap());
+            assert_eq!(&alone[0], want, "{text:?} alone, beam {beam}");
+        }
+    }
+    assert!(marian()
+        .translate(&[] as &[&str], &TranslateOptions::default())
+        .unwrap()
+        .is_empty());
+}
+
+#[test]
+fn n_best_alternatives_and_alignments_come_when_asked() {
+    let m = marian();
+    let options = TranslateOptions {
+        n_best: 3,
+        alignments: true,
+        ..TranslateOptions::beam(4)
+    };
+    let out = m
+        .translate(&["Is it forty-two?"], &options)
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    assert_eq!(out.alternatives.len(), 3);
+    assert_eq!(out.alternatives[0].text, out.text);
+    assert!(out
+        .alternatives
+        .windows(2)
+        .all(|w| w[0].score >= w[1].score));
+    let alignments = out.alignments.unwrap();
+    assert_eq!(alignments.len(), out.generated_tokens);
+    assert!(alignments
+        .iter()
+        .all(|a| a.source_index < out.source_tokens));
+    let plain = m
+        .translate(&["Is it forty-two?"], &TranslateOptions::beam(4))
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    assert!(plain.alternatives.is_empty() && plain.alignments.is_none());
+    assert_eq!(plain.text, out.text);
+}
+
+#[test]
+fn streaming_gives_every_text_exactly_once_and_can_stop() {
+    let m = marian();
+    let mut texts = marian_texts();
+    texts.push("nine hundred ninety-nine ".repeat(200));
+    let mut seen = vec![0; texts.len()];
+    m.translate_each(&texts, None, &TranslateOptions::default(), |i, result| {
+        seen[i] += 1;
+        assert_eq!(result.is_err(), i == texts.len() - 1, "text {i}");
+        ControlFlow::Continue(())
+    })
+    .unwrap();
+    assert!(seen.iter().all(|&n| n == 1), "{seen:?}");
+    let mut calls = 0;
+    m.translate_each(&texts, None, &TranslateOptions::default(), |_, _| {
+        calls += 1;
+        ControlFlow::Break(())
+    })
+    .unwrap();
+    assert_eq!(calls, 1);
+}
+
+#[test]
+fn one_model_serves_many_threads() {
+    let m = Arc::new(marian());
+    let texts = marian_texts();
+    let want = texts_of(m.translate(&texts, &TranslateOptions::default()).unwrap());
+    let handles: Vec<_> = (0..4)
+        .map(|k| {
+            let m = Arc::clone(&m);
+            let texts: Vec<String> = texts.iter().skip(k).cloned().collect();
+            std::thread::spawn(move || {
+                texts_of(m.translate(&texts, &TranslateOptions::default()).unwrap())
+            })
+        })
+        .collect();
+    for (k, h) in handles.into_iter().enumerate() {
+        assert_eq!(h.join().unwrap(), want[k..].to_vec(), "thread {k}");
+    }
+}
+
+#[test]
+fn a_missing_directory_says_what_it_takes() {
+    let err = Translator::from_dir("no/such/dir").unwrap_err().to_string();
+    assert!(err.contains("no/such/dir"), "{err}");
+    let err = Translator::builder("/definitely/not/here")
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("/definitely/not/here") && err.contains("not a directory"),
+        "{err}"
+    );
+    let err = Translator::builder(fixture("marian_e2e"))
+        .max_batch_tokens(0)
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("max_batch_tokens"), "{err}");
+}
