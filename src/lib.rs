@@ -13,6 +13,8 @@
 //!   (`q_proj.weight`, ...) weights through a [`candle_nn::VarBuilder`].
 //! * [`TensorFile`] reads safetensors files, including torch's `BOOL` masks, with errors that
 //!   list what the file holds.
+//! * `hub` (feature `hub`): Hugging Face hub ids (`ORG/NAME[@REVISION]`) to model directories,
+//!   from the local hub cache, downloading what is missing.
 //!
 //! Masks follow torch's `nn.MultiheadAttention`: in a boolean mask `true` (non-zero `U8`) means
 //! *blocked*; float masks are added to the scores. A query whose keys are all blocked gets zero
@@ -55,6 +57,8 @@ pub mod cpu;
 pub mod device;
 pub mod explain;
 pub mod generation;
+#[cfg(feature = "hub")]
+pub mod hub;
 pub mod kv_cache;
 mod mask;
 pub mod mha;
