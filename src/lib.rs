@@ -27,6 +27,8 @@
 //!   for throughput, in f32, bf16 or int8.
 //! * [`TensorFile`] reads safetensors files, including torch's `BOOL` masks, with errors that
 //!   list what the file holds.
+//! * `hub` (feature `hub`): Hugging Face hub ids (`ORG/NAME[@REVISION]`) to model directories,
+//!   from the local hub cache, downloading what is missing.
 //!
 //! Masks follow torch's `nn.MultiheadAttention`: in a boolean mask `true` (non-zero `U8`) means
 //! *blocked*; float masks are added to the scores. A query whose keys are all blocked gets zero

@@ -8,6 +8,7 @@ mod convert;
 mod explain;
 mod inspect;
 mod marian;
+mod model_source;
 mod pool;
 mod pretrained;
 mod run_mha;
