@@ -9,9 +9,8 @@
 mod fake_hub_cache;
 use fake_hub_cache::{read_files, repo_dir, write_ref, write_snapshot, MARIAN_FILES};
 
-use candle::Device;
 use candle_attention::hub::{self, ModelId};
-use candle_attention::marian::MarianTranslator;
+use candle_attention::{TranslateOptions, Translator};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -49,12 +48,15 @@ fn err(result: candle::Result<PathBuf>) -> String {
 
 /// The fixture's translations of a few texts, loaded from `dir`.
 fn translate(dir: &Path) -> Vec<String> {
-    let t = MarianTranslator::from_dir(dir, &Device::Cpu).unwrap();
-    t.translate(&["Is it forty-two?", "nine hundred ninety-nine"])
-        .unwrap()
-        .into_iter()
-        .map(|r| r.unwrap())
-        .collect()
+    let t = Translator::from_dir(dir).unwrap();
+    t.translate(
+        &["Is it forty-two?", "nine hundred ninety-nine"],
+        &TranslateOptions::default(),
+    )
+    .unwrap()
+    .into_iter()
+    .map(|r| r.unwrap().text)
+    .collect()
 }
 
 #[test]
@@ -559,6 +561,21 @@ fn the_environment_picks_cache_offline_mode_and_endpoint() {
     write_ref(&cache, REPO, "main", COMMIT);
     assert_eq!(hub::resolve(&id(REPO)).unwrap(), snapshot);
     assert_eq!(hub::resolve_path_or_id(REPO).unwrap(), snapshot);
+    // The library's entry points take the id as they take a directory.
+    let direct = translate(&fixtures().join("marian_e2e"));
+    let from_id = Translator::from_pretrained(REPO).unwrap();
+    assert_eq!(from_id.dir(), snapshot);
+    let built = Translator::builder(REPO).beam(1).build().unwrap();
+    let texts = ["Is it forty-two?", "nine hundred ninety-nine"];
+    for t in [from_id, built] {
+        let got: Vec<String> = t
+            .translate(&texts, &TranslateOptions::default())
+            .unwrap()
+            .into_iter()
+            .map(|r| r.unwrap().text)
+            .collect();
+        assert_eq!(got, direct);
+    }
     let fixture = fixtures().join("marian_e2e");
     let fixture_arg = fixture.to_str().unwrap();
     assert_eq!(hub::resolve_path_or_id(fixture_arg).unwrap(), fixture);

@@ -2,7 +2,6 @@
 //! hub id `ORG/NAME[@REVISION]` resolved through the local hub cache
 //! ([`candle_attention::hub`]: `HF_HUB_CACHE` / `HF_HOME`, downloads unless `HF_HUB_OFFLINE`).
 // Until the commands take their `--model` through `resolve_model`.
-#![allow(dead_code)]
 
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};

@@ -233,19 +233,17 @@ impl TranslatorBuilder {
 
 /// `model` as a directory: an existing path, else (feature `hub`) a hub id.
 fn locate(model: &Path) -> candle::Result<PathBuf> {
+    #[cfg(feature = "hub")]
+    if let Some(arg) = model.to_str() {
+        return crate::hub::resolve_path_or_id(arg);
+    }
     if model.exists() {
         return Ok(model.to_path_buf());
     }
-    #[cfg(feature = "hub")]
-    if let Some(id) = model.to_str().and_then(crate::hub::ModelId::parse) {
-        return crate::hub::resolve(&id);
-    }
-    let hint = if cfg!(feature = "hub") {
-        "nor a Hugging Face model id (ORG/NAME[@REVISION])"
-    } else {
-        "(hub ids like ORG/NAME need the crate's `hub` feature)"
-    };
-    candle::bail!("{} is not a directory {hint}", model.display())
+    candle::bail!(
+        "{} is not a directory (hub ids like ORG/NAME need the crate's `hub` feature)",
+        model.display()
+    )
 }
 
 impl Translator {
