@@ -1,7 +1,6 @@
 //! Where a `--model` comes from: a directory, or (feature `hub`, on by default) a Hugging Face
 //! hub id `ORG/NAME[@REVISION]` resolved through the local hub cache
 //! ([`candle_attention::hub`]: `HF_HUB_CACHE` / `HF_HOME`, downloads unless `HF_HUB_OFFLINE`).
-// Until the commands take their `--model` through `resolve_model`.
 
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
