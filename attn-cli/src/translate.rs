@@ -89,7 +89,7 @@ pub struct TranslateArgs {
     device: crate::DeviceArg,
     /// With --model: --dtype and --quantize.
     #[command(flatten)]
-    precision: crate::pretrained::PrecisionArgs,
+    precision: crate::model_args::PrecisionArgs,
     /// Texts to translate; without any, one per line from standard input.
     texts: Vec<String>,
 }
@@ -194,9 +194,12 @@ fn run_model(args: &TranslateArgs, dir: &std::path::Path, heads: Heads) -> anyho
         let translator = MarianTranslator::from_dir_with(dir, args.precision.precision(), &device)
             .with_context(|| format!("loading the MarianMT model in {}", dir.display()))?;
         let generation =
-            crate::marian::generation_config(dir, args.beam, args.max_new_tokens, None)?;
+            crate::generate::generation_config(dir, args.beam, args.max_new_tokens, None)?;
         let translator = translator.with_generation_config(n_best(args, generation)?);
-        crate::marian::check_generation_limits(translator.model(), translator.generation_config())?;
+        crate::generate::check_generation_limits(
+            translator.model(),
+            translator.generation_config(),
+        )?;
         return run_bulk(args, heads, &translator, |text| {
             Ok(translator.cross_attention(text, args.layer)?)
         });
@@ -213,14 +216,14 @@ fn run_model(args: &TranslateArgs, dir: &std::path::Path, heads: Heads) -> anyho
     let translator =
         MultilingualTranslator::from_dir_with(dir, src, tgt, args.precision.precision(), &device)
             .with_context(|| format!("loading the {} model in {}", family.name(), dir.display()))?;
-    let generation = crate::marian::with_overrides(
+    let generation = crate::generate::with_overrides(
         translator.generation_config().clone(),
         args.beam,
         args.max_new_tokens,
         None,
     )?;
     let translator = translator.with_generation_config(n_best(args, generation)?);
-    crate::marian::check_generation_limits(translator.model(), translator.generation_config())?;
+    crate::generate::check_generation_limits(translator.model(), translator.generation_config())?;
     run_bulk(args, heads, &translator, |text| {
         let ids = translator.encode(text)?;
         let hypothesis = translator
