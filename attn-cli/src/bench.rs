@@ -61,29 +61,30 @@ impl ImplArg {
 
 #[derive(clap::Args, Debug)]
 pub struct AttentionBenchArgs {
-    /// Batch size B.
-    #[arg(long, default_value_t = 1)]
+    /// Batch size B (sequences per call).
+    #[arg(long, default_value_t = 1, value_name = "B")]
     batch: usize,
     /// Heads H.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_name = "H")]
     heads: usize,
-    /// Query length Nq.
-    #[arg(long, default_value_t = 1024)]
+    /// Query length Nq, in tokens.
+    #[arg(long, default_value_t = 1024, value_name = "NQ")]
     seq_q: usize,
-    /// Key/value length Nk.
-    #[arg(long, default_value_t = 1024)]
+    /// Key/value length Nk, in tokens.
+    #[arg(long, default_value_t = 1024, value_name = "NK")]
     seq_k: usize,
-    /// Head dimension D (of queries, keys and values).
-    #[arg(long, default_value_t = 64)]
+    /// Head dimension D (features per head of queries, keys and values).
+    #[arg(long, default_value_t = 64, value_name = "D")]
     head_dim: usize,
-    /// Causal mask (query i sees keys 0..=i + Nk - Nq when Nk > Nq, as in decoding).
+    /// Causal mask: query i sees keys 0..=i + Nk - Nq (the last queries of a longer sequence,
+    /// as in decoding). Default: every query sees every key.
     #[arg(long)]
     causal: bool,
-    /// Key padding: the number of real (non-padding) keys of each batch row, comma separated
-    /// (B values); the rest of each row is padding.
-    #[arg(long, value_delimiter = ',')]
+    /// Key padding: the number of real keys of each batch row, comma separated (B values,
+    /// each at most Nk); the rest of each row is padding. Default: no padding.
+    #[arg(long, value_delimiter = ',', value_name = "N,...")]
     key_lengths: Vec<usize>,
-    /// Implementations to time (comma separated).
+    /// Implementations to time, comma separated (one result line each).
     #[arg(
         long = "impl",
         value_enum,
@@ -97,19 +98,19 @@ pub struct AttentionBenchArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct MhaBenchArgs {
-    /// Batch size B.
-    #[arg(long, default_value_t = 1)]
+    /// Batch size B (sequences per call).
+    #[arg(long, default_value_t = 1, value_name = "B")]
     batch: usize,
-    /// Sequence length N (self-attention).
-    #[arg(long, default_value_t = 1024)]
+    /// Sequence length N, in tokens (queries, keys and values: self-attention).
+    #[arg(long, default_value_t = 1024, value_name = "N")]
     seq: usize,
-    /// Model size E.
-    #[arg(long, default_value_t = 512)]
+    /// Model size E (embed_dim; divisible by the heads).
+    #[arg(long, default_value_t = 512, value_name = "E")]
     embed_dim: usize,
     /// Heads H.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_name = "H")]
     heads: usize,
-    /// Causal mask.
+    /// Causal mask: token i sees tokens 0..=i. Default: every token sees every token.
     #[arg(long)]
     causal: bool,
     #[command(flatten)]
@@ -119,19 +120,21 @@ pub struct MhaBenchArgs {
 /// How a benchmark runs and reports, the same for `bench attention` and `bench mha`.
 #[derive(clap::Args, Debug)]
 struct RunArgs {
-    /// Input dtype.
+    /// Dtype of the random inputs (and weights), which the kernels compute in.
     #[arg(long, value_enum, default_value = "f32")]
     dtype: DTypeArg,
-    /// Where to compute (tiled, decode and candle-flash are CPU kernels).
+    /// Where to compute: cpu, or cuda / metal in a build with that cargo feature (the tiled,
+    /// decode and candle-flash kernels are CPU-only).
     #[arg(long, value_enum, default_value = "cpu")]
     device: DeviceArg,
-    /// Timed iterations (the median and minimum are reported).
-    #[arg(long, default_value_t = 10)]
+    /// Timed iterations; the median and the minimum, in milliseconds, are reported.
+    #[arg(long, default_value_t = 10, value_name = "N")]
     iters: usize,
-    /// Untimed iterations first.
-    #[arg(long, default_value_t = 2)]
+    /// Untimed iterations before the timed ones.
+    #[arg(long, default_value_t = 2, value_name = "N")]
     warmup: usize,
-    /// Print one JSON object per line.
+    /// Print one JSON object per line (impl, median_ms, min_ms, gflops, isa, cpu, the shape)
+    /// instead of a table.
     #[arg(long)]
     json: bool,
 }

@@ -10,37 +10,43 @@ use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
 pub struct DecodeBenchArgs {
-    /// Numbers of tokens to generate (one measurement each).
-    #[arg(long, value_delimiter = ',', default_value = "32,128,512")]
+    /// Numbers of tokens to generate, comma separated: one measurement (result line) each.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "32,128,512",
+        value_name = "N,..."
+    )]
     lengths: Vec<usize>,
-    /// Model size.
-    #[arg(long, default_value_t = 256)]
+    /// Model size d_model of the random model.
+    #[arg(long, default_value_t = 256, value_name = "E")]
     d_model: usize,
-    /// Heads.
-    #[arg(long, default_value_t = 8)]
+    /// Attention heads per block (d_model must be divisible by it).
+    #[arg(long, default_value_t = 8, value_name = "H")]
     heads: usize,
-    /// Encoder and decoder layers (each).
-    #[arg(long, default_value_t = 3)]
+    /// Encoder layers, and as many decoder layers.
+    #[arg(long, default_value_t = 3, value_name = "N")]
     layers: usize,
-    /// Feed-forward size.
-    #[arg(long, default_value_t = 1024)]
+    /// Inner size of each feed-forward block.
+    #[arg(long, default_value_t = 1024, value_name = "N")]
     dim_feedforward: usize,
-    /// Vocabulary size.
-    #[arg(long, default_value_t = 1000)]
+    /// Vocabulary size (source and target, shared), in tokens.
+    #[arg(long, default_value_t = 1000, value_name = "N")]
     vocab: usize,
-    /// Source length.
-    #[arg(long, default_value_t = 32)]
+    /// Source length, in tokens (random ids).
+    #[arg(long, default_value_t = 32, value_name = "N")]
     src_len: usize,
-    /// Sequences decoded together.
-    #[arg(long, default_value_t = 1)]
+    /// Sequences decoded together (batch size).
+    #[arg(long, default_value_t = 1, value_name = "B")]
     batch: usize,
-    /// Skip the recomputing baseline above this many tokens (it is quadratic).
-    #[arg(long, default_value_t = 512)]
+    /// Time the recomputing baseline only up to this many generated tokens (its cost grows
+    /// with the square of the length); longer lengths report the KV cache alone.
+    #[arg(long, default_value_t = 512, value_name = "N")]
     max_recompute: usize,
-    /// One JSON object per line instead of a table.
+    /// Print one JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
-    /// Where to compute: cpu, cuda or metal (the GPU ones need a build with that feature).
+    /// Where to compute: cpu, or cuda / metal in a build with that cargo feature.
     #[arg(long, value_enum, default_value = "cpu")]
     device: crate::DeviceArg,
 }

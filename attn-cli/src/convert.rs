@@ -7,20 +7,19 @@ use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
 pub struct ConvertArgs {
-    /// A Hugging Face encoder-decoder directory (MarianMT, M2M100 / NLLB-200, mBART) with
-    /// model.safetensors or pytorch_model.bin (f32, f16 or bf16).
-    #[arg(long)]
+    /// The Hugging Face encoder-decoder directory to convert (MarianMT, M2M100 / NLLB-200,
+    /// mBART), with model.safetensors or pytorch_model.bin in f32, f16 or bf16. It is only
+    /// read.
+    #[arg(long, value_name = "DIR")]
     model: PathBuf,
     /// The directory to write (created if missing): model.safetensors and copies of the other
-    /// files (config, generation config, tokenizer).
-    #[arg(long)]
+    /// files (config.json, generation_config.json, the tokenizer files).
+    #[arg(long, value_name = "DIR")]
     output: PathBuf,
-    /// int8: weight matrices quantized (a scale per row; a quarter of the f32 bytes; read in
-    /// place, for attn only; runs int8 without --quantize). bf16: every float tensor in bf16
-    /// (half the f32 bytes; an ordinary checkpoint; run it with --dtype bf16).
+    /// The precision to write (required).
     #[arg(long, value_enum)]
     quantize: ConvertArg,
-    /// Replace the weights --output already holds.
+    /// Replace the model.safetensors --output already holds. Default: refuse to.
     #[arg(long)]
     force: bool,
 }
@@ -28,7 +27,11 @@ pub struct ConvertArgs {
 /// `--quantize` values of `attn convert`.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum ConvertArg {
+    /// Weight matrices in int8 with one scale per row (a quarter of the f32 bytes), the other
+    /// tensors as stored; read in place by attn only, and run in int8 without --quantize.
     Int8,
+    /// Every float tensor in bf16 (half the f32 bytes): an ordinary checkpoint any loader
+    /// reads; run it with --dtype bf16.
     Bf16,
 }
 

@@ -13,40 +13,44 @@ use std::path::{Path, PathBuf};
 
 #[derive(clap::Args, Debug)]
 pub struct ExplainArgs {
-    /// A Hugging Face MarianMT directory (config.json, weights, source.spm, target.spm,
-    /// vocab.json), or a directory written by `attn train`; default: the shipped number
-    /// translator built into attn.
-    #[arg(long)]
+    /// The model to explain: a Hugging Face MarianMT directory (config.json, weights,
+    /// source.spm, target.spm, vocab.json) or a directory written by `attn train`. Default: the
+    /// number translator built into attn.
+    #[arg(long, value_name = "DIR")]
     model: Option<PathBuf>,
-    /// Layer (0-based) within its stack: the encoder's for encoder-self, the decoder's
+    /// Layer, 0-based, within its stack: the encoder's for encoder-self, the decoder's
     /// otherwise.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_name = "N")]
     layer: usize,
-    /// Head (0-based) shown step by step.
-    #[arg(long, default_value_t = 0)]
+    /// Head, 0-based, shown step by step (the others are summarised).
+    #[arg(long, default_value_t = 0, value_name = "N")]
     head: usize,
-    /// Which attention: encoder-self, decoder-self (causal) or cross (encoder-decoder). The
-    /// decoder's input is the model's own greedy translation of TEXT, teacher-forced.
+    /// Which attention of the layer: encoder-self, decoder-self (causal) or cross
+    /// (encoder-decoder). The decoder's input is the model's own greedy translation of TEXT,
+    /// teacher-forced.
     #[arg(long = "use", value_name = "USE", default_value = "encoder-self")]
     attention: String,
-    /// The query (row, 0-based) whose blend of values is written out; default: the last.
-    #[arg(long)]
+    /// The query (row, 0-based) whose blend of values is written out term by term. Default:
+    /// the last.
+    #[arg(long, value_name = "N")]
     query: Option<usize>,
-    /// Width of the text output in columns; wider matrices are cut with a note. Default:
+    /// Width of the text output, in columns; wider matrices are cut with a note. Default:
     /// $COLUMNS, else the terminal's width, else 100.
-    #[arg(long)]
+    #[arg(long, value_name = "COLUMNS")]
     width: Option<usize>,
     /// Print every matrix of every head as one JSON object instead of the text (masked
     /// entries of `masked` are null: JSON has no -inf).
     #[arg(long)]
     json: bool,
-    /// Draw the four steps of the head (scores, scaled, weights, output) to FILE.svg.
+    /// Also draw the four steps of the head (scores, scaled and masked scores, weights,
+    /// output) as an SVG picture into FILE.
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
-    /// Draw the same figure as a PNG.
+    /// Also draw the same figure as a PNG picture into FILE.
     #[arg(long, value_name = "FILE")]
     png: Option<PathBuf>,
-    /// The text (English number words for the shipped model).
+    /// The text to run the model on (English number words for the built-in model, e.g.
+    /// "forty-two").
     text: String,
 }
 

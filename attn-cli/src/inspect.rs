@@ -1,23 +1,33 @@
 //! `attn inspect`: what a safetensors file or a torch checkpoint holds and which layout it
-//! follows.
+//! follows; or what a Hugging Face model directory is (family, sizes, weights, special ids),
+//! one description for every family over the config keys they share.
 
+use candle_attention::marian::MarianConfig;
+use candle_attention::models::checkpoint::Checkpoint;
+use candle_attention::models::config::{BartConfig, ConfigExtras};
+use candle_attention::models::family_config::FamilyConfig;
+use candle_attention::models::seq2seq::Family;
 use candle_attention::weights::PthCheckpoint;
-use candle_attention::{MhaWeightsInfo, TensorFile};
+use candle_attention::{GenerationConfig, MhaWeightsInfo, TensorFile};
+use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 
 #[derive(clap::Args, Debug)]
 pub struct InspectArgs {
-    /// A .safetensors file, a torch checkpoint (pytorch_model.bin, *.pt: a zip archive written
-    /// by torch.save), or a Hugging Face model directory (MarianMT, M2M100 / NLLB-200, mBART).
+    /// What to describe: a .safetensors file, a torch checkpoint (pytorch_model.bin, *.pt,
+    /// *.pth: the zip archive torch.save writes), or a Hugging Face model directory
+    /// (MarianMT, M2M100 / NLLB-200, mBART: config.json and its weights).
+    #[arg(value_name = "PATH")]
     file: PathBuf,
-    /// Print one JSON object instead of a table.
+    /// Print one JSON object (pretty-printed) instead of the text: the same facts, with the
+    /// config's key names for a model directory.
     #[arg(long)]
     json: bool,
 }
 
 pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     if args.file.is_dir() {
-        return crate::pretrained::inspect_dir(&args.file, args.json);
+        return inspect_dir(&args.file, args.json);
     }
     if is_torch_checkpoint(&args.file) {
         return inspect_pth(&args.file, args.json);
@@ -72,6 +82,234 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
             ),
             Err(e) => println!("attention block with inconsistent weights: {e}"),
         }
+    }
+    Ok(())
+}
+
+/// What `attn inspect DIR` says of a model directory beyond the config keys every family
+/// shares.
+struct FamilyFacts {
+    /// After the model type in the first line (", M2M100ForConditionalGeneration").
+    architecture: String,
+    /// After the layer sizes (", pre-norm").
+    layer_order: &'static str,
+    /// What the vocabulary line says of the tables ("target 96, shared embeddings").
+    tables: String,
+    /// The decoder start id the model generates with.
+    decoder_start_token_id: Option<u32>,
+    /// The target-language id forced after the decoder start (`None`: the family has none).
+    forced_bos_token_id: Option<Option<u32>>,
+    /// The generation line's word for a directory without generation_config.json.
+    no_generation_config: &'static str,
+    /// The tokenizer files found.
+    tokenizer_files: Vec<&'static str>,
+    /// The languages of the tokenizer, or why they are unknown (`None`: not a multilingual
+    /// family).
+    languages: Option<Result<Vec<String>, String>>,
+    /// The family's own JSON keys.
+    json: Map<String, Value>,
+}
+
+/// `attn inspect DIR`: the family, sizes, weights and special ids of a model directory.
+pub fn inspect_dir(dir: &Path, json: bool) -> anyhow::Result<()> {
+    let family = Family::of_dir(dir)?;
+    let config_path = dir.join("config.json");
+    let present = |files: &[&'static str]| -> Vec<&'static str> {
+        files
+            .iter()
+            .copied()
+            .filter(|f| dir.join(f).is_file())
+            .collect()
+    };
+    let Some(def) = family.definition() else {
+        let cfg = MarianConfig::load(&config_path)?;
+        let weights = Checkpoint::open_dir(dir)?;
+        let facts = FamilyFacts {
+            architecture: String::new(),
+            layer_order: "",
+            tables: format!(
+                "target {}, {}",
+                cfg.target_vocab_size(),
+                if cfg.share_encoder_decoder_embeddings {
+                    "shared embeddings"
+                } else {
+                    "separate decoder embeddings"
+                }
+            ),
+            decoder_start_token_id: cfg.decoder_start_token_id,
+            forced_bos_token_id: None,
+            no_generation_config: "no (config.json defaults)",
+            tokenizer_files: present(&["source.spm", "target.spm", "vocab.json"]),
+            languages: None,
+            json: Map::from_iter([
+                ("target_vocab_size".into(), json!(cfg.target_vocab_size())),
+                (
+                    "share_encoder_decoder_embeddings".into(),
+                    json!(cfg.share_encoder_decoder_embeddings),
+                ),
+            ]),
+        };
+        return describe_dir(dir, family, &cfg, &weights, facts, json);
+    };
+    let cfg = FamilyConfig::load(&config_path, def)?;
+    let weights = Checkpoint::open_dir(dir)?;
+    let generation = GenerationConfig::from_model_dir(dir)?;
+    let tokenizer_files = present(&[
+        "sentencepiece.bpe.model",
+        "vocab.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "tokenizer.json",
+    ]);
+    // The languages the directory's tokenizer knows (for --source-lang / --target-lang); a
+    // tokenizer that does not load is reported, not fatal: the model can still be inspected.
+    let languages = if tokenizer_files.is_empty() {
+        Err("no tokenizer files".to_string())
+    } else {
+        candle_attention::tokenizers::load_multilingual_tokenizer(dir)
+            .map(|t| t.language_codes())
+            .map_err(|e| e.to_string())
+    };
+    let facts = FamilyFacts {
+        architecture: format!(", {}", def.architecture),
+        layer_order: ", pre-norm",
+        tables: if cfg.tie_word_embeddings {
+            "shared embeddings, tied output"
+        } else {
+            "separate encoder, decoder and output tables"
+        }
+        .to_string(),
+        decoder_start_token_id: generation
+            .decoder_start_token_id
+            .or(cfg.decoder_start_token_id),
+        forced_bos_token_id: Some(generation.forced_bos_token_id),
+        no_generation_config: "no (config.json)",
+        tokenizer_files,
+        json: Map::from_iter([
+            (
+                "forced_bos_token_id".into(),
+                json!(generation.forced_bos_token_id),
+            ),
+            ("languages".into(), json!(languages.as_ref().ok())),
+            ("tokenizer_error".into(), json!(languages.as_ref().err())),
+        ]),
+        languages: Some(languages),
+    };
+    describe_dir(dir, family, &cfg, &weights, facts, json)
+}
+
+/// Prints the description of a model directory of any family: its weights, then the config
+/// keys the families share, then the family's own facts; as text or as one JSON object.
+fn describe_dir<X: ConfigExtras>(
+    dir: &Path,
+    family: Family,
+    cfg: &BartConfig<X>,
+    weights: &Checkpoint,
+    facts: FamilyFacts,
+    json: bool,
+) -> anyhow::Result<()> {
+    let parameters = weights.parameter_count();
+    let stored = weights
+        .stored_dtype()
+        .map_or("unknown".to_string(), |d| format!("{d:?}").to_lowercase());
+    let generation = dir.join("generation_config.json").is_file();
+    let eos = cfg.eos_token_id.as_ref().map(|e| e.to_vec());
+    if json {
+        let mut out = json!({
+            "directory": dir.display().to_string(),
+            "family": family.name(),
+            "model_type": family.model_type(),
+            "weights": weights.origin(),
+            "stored_dtype": stored,
+            "parameters": parameters,
+            "tensors": weights.names().len(),
+            "d_model": cfg.d_model,
+            "encoder_layers": cfg.encoder_layers,
+            "decoder_layers": cfg.decoder_layers,
+            "encoder_attention_heads": cfg.encoder_attention_heads,
+            "decoder_attention_heads": cfg.decoder_attention_heads,
+            "encoder_ffn_dim": cfg.encoder_ffn_dim,
+            "decoder_ffn_dim": cfg.decoder_ffn_dim,
+            "vocab_size": cfg.vocab_size,
+            "tie_word_embeddings": cfg.tie_word_embeddings,
+            "activation_function": cfg.activation_function,
+            "scale_embedding": cfg.scale_embedding,
+            "max_position_embeddings": cfg.max_position_embeddings,
+            "pad_token_id": cfg.pad_token_id,
+            "eos_token_id": eos,
+            "decoder_start_token_id": facts.decoder_start_token_id,
+            "generation_config": generation,
+            "tokenizer_files": facts.tokenizer_files,
+        });
+        if let Value::Object(map) = &mut out {
+            map.extend(facts.json);
+        }
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "{}: Hugging Face {} (model_type {}{})",
+        dir.display(),
+        family.name(),
+        family.model_type(),
+        facts.architecture
+    );
+    println!(
+        "weights: {} ({} tensors, stored as {stored})",
+        weights.origin(),
+        weights.names().len()
+    );
+    println!(
+        "parameters: {parameters} ({:.1} M)",
+        parameters as f64 / 1e6
+    );
+    println!(
+        "d_model {}, encoder {} layers × {} heads (ffn {}), decoder {} layers × {} heads (ffn {}){}",
+        cfg.d_model,
+        cfg.encoder_layers,
+        cfg.encoder_attention_heads,
+        cfg.encoder_ffn_dim,
+        cfg.decoder_layers,
+        cfg.decoder_attention_heads,
+        cfg.decoder_ffn_dim,
+        facts.layer_order
+    );
+    println!(
+        "vocabulary {} ({}), activation {}, scale_embedding {}, max positions {}",
+        cfg.vocab_size,
+        facts.tables,
+        cfg.activation_function,
+        cfg.scale_embedding,
+        cfg.max_position_embeddings
+    );
+    let id = |v: Option<u32>| v.map_or("none".to_string(), |v| v.to_string());
+    println!(
+        "special ids: pad {}, eos {}, decoder start {}{}",
+        id(cfg.pad_token_id),
+        eos.map_or("none".to_string(), |e| format!("{e:?}")),
+        id(facts.decoder_start_token_id),
+        facts.forced_bos_token_id.map_or(String::new(), |f| format!(
+            ", forced bos (target language) {}",
+            id(f)
+        ))
+    );
+    println!(
+        "generation_config.json: {}; tokenizer files: {}",
+        if generation {
+            "yes"
+        } else {
+            facts.no_generation_config
+        },
+        if facts.tokenizer_files.is_empty() {
+            "none".to_string()
+        } else {
+            facts.tokenizer_files.join(", ")
+        }
+    );
+    match &facts.languages {
+        Some(Ok(codes)) => println!("languages ({}): {}", codes.len(), codes.join(" ")),
+        Some(Err(e)) => println!("languages: unknown ({e})"),
+        None => {}
     }
     Ok(())
 }

@@ -9,35 +9,44 @@ use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
 pub struct RunMhaArgs {
-    /// A torch.nn.MultiheadAttention state_dict (or Hugging Face q_proj/k_proj/v_proj/out_proj).
-    #[arg(long)]
+    /// The safetensors file of a torch.nn.MultiheadAttention state_dict (in_proj_weight or
+    /// q/k/v_proj_weight, out_proj), or of Hugging Face q_proj / k_proj / v_proj / out_proj
+    /// tensors. `attn inspect FILE` shows the blocks and layouts it recognises.
+    #[arg(long, value_name = "FILE")]
     weights: PathBuf,
-    /// Prefix of the block's tensors in the weights file (e.g. encoder.layers.0.self_attn).
+    /// Prefix of the block's tensor names in --weights (e.g. encoder.layers.0.self_attn; a
+    /// trailing dot is optional). Default: none (the names start with in_proj / q_proj).
     #[arg(long, default_value = "")]
     prefix: String,
-    /// Number of heads (the weights do not record it).
-    #[arg(long)]
+    /// Number of heads H (the weights do not record it; embed_dim must be divisible by it).
+    #[arg(long, value_name = "H")]
     num_heads: usize,
-    /// Inputs and output are (N, L, E) instead of (L, N, E).
+    /// Inputs and output are (N, L, E), as torch's batch_first=True. Default: (L, N, E).
     #[arg(long)]
     batch_first: bool,
-    /// Append a zero key and value to every head, as torch's add_zero_attn.
+    /// Append a zero key and value to every head, as torch's add_zero_attn=True.
     #[arg(long)]
     add_zero_attn: bool,
-    /// Add a causal mask: query i sees keys 0..=i.
+    /// Add a causal mask, query i seeing keys 0..=i (combined with any attn_mask), as torch's
+    /// is_causal=True.
     #[arg(long)]
     causal: bool,
-    /// Do not compute or write attn_weights.
+    /// Neither compute nor write `attn_weights` (torch's need_weights=False): the
+    /// memory-efficient kernel, never refused by --max-attention-memory.
     #[arg(long, conflicts_with = "per_head_weights")]
     no_weights: bool,
-    /// Write attn_weights per head (N, H, L, S) instead of averaged (N, L, S).
+    /// Write `attn_weights` per head, (N, H, L, S), as torch's average_attn_weights=False.
+    /// Default: averaged over the heads, (N, L, S).
     #[arg(long)]
     per_head_weights: bool,
-    /// Input tensors: query, and optionally key, value, attn_mask, key_padding_mask.
-    #[arg(long)]
+    /// The safetensors file of the forward() inputs: `query`, and optionally `key`, `value`
+    /// (default: the query), `attn_mask` ((L, S) or (N·H, L, S)) and `key_padding_mask`
+    /// ((N, S)); masks bool (true = blocked) or float (added to the scores).
+    #[arg(long, value_name = "FILE")]
     inputs: PathBuf,
-    /// Where to write output (and attn_weights).
-    #[arg(long)]
+    /// The safetensors file to write (replaced if present): `output` in the query's layout,
+    /// and `attn_weights` unless --no-weights.
+    #[arg(long, value_name = "FILE")]
     output: PathBuf,
     #[command(flatten)]
     compute: crate::ComputeArgs,

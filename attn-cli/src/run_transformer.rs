@@ -10,33 +10,37 @@ use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
 pub struct RunTransformerArgs {
-    /// A torch.nn.Transformer state_dict saved with safetensors.
-    #[arg(long)]
+    /// The safetensors file of a torch.nn.Transformer state_dict (encoder.layers.N...,
+    /// decoder.layers.N..., the final norms); layer counts and sizes are read from it.
+    #[arg(long, value_name = "FILE")]
     weights: PathBuf,
-    /// Prefix of the model's tensors in the weights file (e.g. model.transformer).
+    /// Prefix of the model's tensor names in --weights (e.g. model.transformer; a trailing dot
+    /// is optional). Default: none (the names start with encoder. / decoder.).
     #[arg(long, default_value = "")]
     prefix: String,
-    /// Heads per attention block (the weights do not record it).
-    #[arg(long)]
+    /// Heads per attention block (the weights do not record it; d_model must be divisible by
+    /// it).
+    #[arg(long, value_name = "H")]
     num_heads: usize,
-    /// Pre-norm layers (torch's norm_first=True).
+    /// Pre-norm layers, as torch's norm_first=True. Default: post-norm.
     #[arg(long)]
     norm_first: bool,
-    /// Inputs and output are (N, seq, E) instead of (seq, N, E).
+    /// Inputs and output are (N, seq, E), as torch's batch_first=True. Default: (seq, N, E).
     #[arg(long)]
     batch_first: bool,
-    /// Feed-forward activation.
+    /// Feed-forward activation, as torch's activation= (relu or gelu, the exact erf form).
     #[arg(long, default_value = "relu", value_parser = ["relu", "gelu"])]
     activation: String,
-    /// LayerNorm epsilon.
-    #[arg(long, default_value_t = 1e-5)]
+    /// Epsilon of every LayerNorm, as torch's layer_norm_eps.
+    #[arg(long, default_value_t = 1e-5, value_name = "EPS")]
     layer_norm_eps: f64,
-    /// Input tensors: src, tgt, and optionally src_mask, tgt_mask, memory_mask,
-    /// src_key_padding_mask, tgt_key_padding_mask, memory_key_padding_mask.
-    #[arg(long)]
+    /// The safetensors file of the forward() inputs: `src` and `tgt`, and optionally
+    /// `src_mask`, `tgt_mask`, `memory_mask` (bool, true = blocked, or float, added) and
+    /// `src_key_padding_mask`, `tgt_key_padding_mask`, `memory_key_padding_mask`.
+    #[arg(long, value_name = "FILE")]
     inputs: PathBuf,
-    /// Where to write output.
-    #[arg(long)]
+    /// The safetensors file to write (replaced if present): `output` in the layout of `tgt`.
+    #[arg(long, value_name = "FILE")]
     output: PathBuf,
     #[command(flatten)]
     compute: crate::ComputeArgs,

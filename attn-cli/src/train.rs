@@ -5,91 +5,99 @@ use attn_cli::number_translator::train::{train, TrainConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 
+/// The shipped configuration: the defaults of the options.
+fn shipped() -> TrainConfig {
+    TrainConfig::default()
+}
+
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
-    /// Output directory: checkpoints while training (resumed if present), then the model
-    /// (model.safetensors, config.json, vocab.en.json, vocab.de.json).
-    #[arg(long, default_value = "runs/translate")]
+    /// Output directory (created if missing): checkpoints while training, resumed from when
+    /// present, then the model (model.safetensors, config.json, vocab.en.json, vocab.de.json)
+    /// for `attn translate --weights DIR`.
+    #[arg(long, default_value = "runs/translate", value_name = "DIR")]
     out: PathBuf,
-    /// Optimiser steps.
-    #[arg(long)]
-    steps: Option<usize>,
-    /// Source + target tokens per batch.
-    #[arg(long)]
-    batch_tokens: Option<usize>,
-    /// Warm-up steps of the learning-rate schedule.
-    #[arg(long)]
-    warmup: Option<usize>,
-    /// Multiplier of the paper's learning-rate schedule.
-    #[arg(long)]
-    lr_scale: Option<f64>,
-    /// Model size.
-    #[arg(long)]
-    d_model: Option<usize>,
-    /// Attention heads.
-    #[arg(long)]
-    heads: Option<usize>,
-    /// Encoder and decoder layers (each).
-    #[arg(long)]
-    layers: Option<usize>,
-    /// Feed-forward inner size.
-    #[arg(long)]
-    dim_feedforward: Option<usize>,
-    /// Dropout (0 keeps the run reproducible).
-    #[arg(long)]
-    dropout: Option<f32>,
-    /// Label smoothing.
-    #[arg(long)]
-    label_smoothing: Option<f64>,
-    /// Seed of the weights and the batch order.
-    #[arg(long)]
-    seed: Option<u64>,
-    /// Evaluate on held-out numbers every N steps (0: never).
-    #[arg(long)]
-    eval_every: Option<usize>,
+    /// Optimiser steps in all (a resumed run continues up to this many).
+    #[arg(long, default_value_t = shipped().steps, value_name = "N")]
+    steps: usize,
+    /// Batch size, in source + target tokens (padding included).
+    #[arg(long, default_value_t = shipped().batch_tokens, value_name = "N")]
+    batch_tokens: usize,
+    /// Warm-up steps of the learning-rate schedule (the rate grows linearly, then decays as
+    /// 1/sqrt(step)).
+    #[arg(long, default_value_t = shipped().warmup, value_name = "N")]
+    warmup: usize,
+    /// Multiplier of the paper's learning rate d_model^-0.5 · min(step^-0.5,
+    /// step · warmup^-1.5).
+    #[arg(long, default_value_t = shipped().lr_scale, value_name = "X")]
+    lr_scale: f64,
+    /// Model size d_model.
+    #[arg(long, default_value_t = shipped().d_model, value_name = "E")]
+    d_model: usize,
+    /// Attention heads per block (d_model must be divisible by it).
+    #[arg(long, default_value_t = shipped().heads, value_name = "H")]
+    heads: usize,
+    /// Encoder layers, and as many decoder layers.
+    #[arg(long, default_value_t = shipped().layers, value_name = "N")]
+    layers: usize,
+    /// Inner size of each feed-forward block.
+    #[arg(long, default_value_t = shipped().dim_feedforward, value_name = "N")]
+    dim_feedforward: usize,
+    /// Dropout probability, 0 to 1 (0 keeps the run reproducible).
+    #[arg(long, default_value_t = shipped().dropout, value_name = "P")]
+    dropout: f32,
+    /// Label smoothing of the loss, 0 to 1.
+    #[arg(long, default_value_t = shipped().label_smoothing, value_name = "EPS")]
+    label_smoothing: f64,
+    /// Seed of the initial weights and of the batch order.
+    #[arg(long, default_value_t = shipped().seed)]
+    seed: u64,
+    /// Evaluate on held-out numbers every N steps (greedy exact match, printed); 0: never.
+    #[arg(long, default_value_t = shipped().eval_every, value_name = "N")]
+    eval_every: usize,
     /// Held-out numbers per evaluation.
-    #[arg(long)]
-    eval_samples: Option<usize>,
-    /// Checkpoint every N steps.
-    #[arg(long)]
-    checkpoint_every: Option<usize>,
-    /// Write the average of the weights at the last N checkpoints as the model (1: the final
+    #[arg(long, default_value_t = shipped().eval_samples, value_name = "N")]
+    eval_samples: usize,
+    /// Write a checkpoint into --out every N steps.
+    #[arg(long, default_value_t = shipped().checkpoint_every, value_name = "N")]
+    checkpoint_every: usize,
+    /// Write the average of the weights of the last N checkpoints as the model (1: the final
     /// weights).
-    #[arg(long)]
-    average_last: Option<usize>,
-    /// Train on this many numbers only (0: all).
-    #[arg(long)]
-    max_examples: Option<usize>,
-    /// Repeats per epoch of each number below 1,000 (a tenth of it below 10,000).
-    #[arg(long)]
-    oversample_small: Option<usize>,
-    /// Where to compute: cpu, cuda or metal (the GPU ones need a build with that feature).
+    #[arg(long, default_value_t = shipped().average_last, value_name = "N")]
+    average_last: usize,
+    /// Train on this many numbers only; 0: the whole training split.
+    #[arg(long, default_value_t = shipped().max_examples, value_name = "N")]
+    max_examples: usize,
+    /// Repeats per epoch of each number below 1,000 (and a tenth as many of each below
+    /// 10,000), so the few short numbers are learnt too.
+    #[arg(long, default_value_t = shipped().oversample_small, value_name = "N")]
+    oversample_small: usize,
+    /// Where to compute: cpu, or cuda / metal in a build with that cargo feature.
     #[arg(long, value_enum, default_value = "cpu")]
     device: crate::DeviceArg,
 }
 
 impl TrainArgs {
-    /// The shipped configuration with the given overrides.
+    /// The configuration the options give.
     fn config(&self) -> TrainConfig {
-        let d = TrainConfig::default();
         TrainConfig {
-            d_model: self.d_model.unwrap_or(d.d_model),
-            heads: self.heads.unwrap_or(d.heads),
-            layers: self.layers.unwrap_or(d.layers),
-            dim_feedforward: self.dim_feedforward.unwrap_or(d.dim_feedforward),
-            dropout: self.dropout.unwrap_or(d.dropout),
-            batch_tokens: self.batch_tokens.unwrap_or(d.batch_tokens),
-            steps: self.steps.unwrap_or(d.steps),
-            warmup: self.warmup.unwrap_or(d.warmup),
-            lr_scale: self.lr_scale.unwrap_or(d.lr_scale),
-            label_smoothing: self.label_smoothing.unwrap_or(d.label_smoothing),
-            seed: self.seed.unwrap_or(d.seed),
-            eval_every: self.eval_every.unwrap_or(d.eval_every),
-            eval_samples: self.eval_samples.unwrap_or(d.eval_samples),
-            checkpoint_every: self.checkpoint_every.unwrap_or(d.checkpoint_every),
-            average_last: self.average_last.unwrap_or(d.average_last),
-            max_examples: self.max_examples.unwrap_or(d.max_examples),
-            oversample_small: self.oversample_small.unwrap_or(d.oversample_small),
+            d_model: self.d_model,
+            heads: self.heads,
+            layers: self.layers,
+            dim_feedforward: self.dim_feedforward,
+            dropout: self.dropout,
+            batch_tokens: self.batch_tokens,
+            steps: self.steps,
+            warmup: self.warmup,
+            lr_scale: self.lr_scale,
+            label_smoothing: self.label_smoothing,
+            seed: self.seed,
+            eval_every: self.eval_every,
+            eval_samples: self.eval_samples,
+            checkpoint_every: self.checkpoint_every,
+            average_last: self.average_last,
+            max_examples: self.max_examples,
+            oversample_small: self.oversample_small,
         }
     }
 }

@@ -90,7 +90,7 @@ pub struct TranslateArgs {
     device: crate::DeviceArg,
     /// With --model: --dtype and --quantize.
     #[command(flatten)]
-    precision: crate::pretrained::PrecisionArgs,
+    precision: crate::model_args::PrecisionArgs,
     /// Texts to translate; without any, one per line from standard input.
     texts: Vec<String>,
 }

@@ -10,14 +10,14 @@
 //! architecture has (positions, embedding layer norm, `final_logits_bias`); the families
 //! themselves ([`crate::models::m2m100`], [`crate::models::mbart`]) are such definitions.
 
-use super::encoder_decoder::{bart_stack_config, EncoderDecoderSpec, Positions};
+use super::config::{BartConfig, ConfigExtras, SHARED_KEYS};
+use super::encoder_decoder::{EncoderDecoderSpec, Positions};
 use crate::generation::GenerationConfig;
-use crate::transformer::{Activation, TransformerConfig};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::path::Path;
 
-pub use super::marian::TokenIds;
+pub use super::config::TokenIds;
 
 /// How a family encodes positions (the spec's [`Positions`] before the config's ids are known).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,27 +52,9 @@ pub struct FamilyDef {
     pub ignored_keys: &'static [&'static str],
 }
 
-/// The keys that set the model, with transformers' meaning.
-const HONOURED: &[&str] = &[
-    "model_type",
-    "vocab_size",
-    "max_position_embeddings",
-    "encoder_layers",
-    "encoder_ffn_dim",
-    "encoder_attention_heads",
-    "decoder_layers",
-    "decoder_ffn_dim",
-    "decoder_attention_heads",
-    "activation_function",
-    "d_model",
-    "scale_embedding",
-    "pad_token_id",
-    "bos_token_id",
-    "eos_token_id",
-    "decoder_start_token_id",
-    "forced_eos_token_id",
-    "tie_word_embeddings",
-];
+/// The keys that set the model, with transformers' meaning, beyond [`SHARED_KEYS`] (the ones
+/// of [`FamilyExtras`]).
+const FAMILY_KEYS: &[&str] = &["model_type", "bos_token_id"];
 
 /// transformers' `attribute_map` of these configs: another name for an honoured key.
 const ALIASES: &[(&str, &str)] = &[
@@ -165,47 +147,50 @@ pub const GENERATION_KEYS: &[&str] = &[
 
 /// The model half of a `config.json` of an M2M100 / NLLB-200 or mBART directory: field names
 /// and defaults of transformers' `M2M100Config` / `MBartConfig` (5.24), after every key was
-/// checked ([`FamilyConfig::from_json`]).
+/// checked ([`FamilyConfig::from_json`]). The keys every family shares are [`BartConfig`]'s;
+/// these families' own ([`FamilyExtras`]) are read as fields of the config too.
+pub type FamilyConfig = BartConfig<FamilyExtras>;
+
+/// The keys of an M2M100 / NLLB-200 or mBART `config.json` beyond [`BartConfig`]'s.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
-pub struct FamilyConfig {
+pub struct FamilyExtras {
     /// `model_type` (`"m2m_100"`, `"mbart"`).
     pub model_type: String,
-    /// Vocabulary size (shared by source and target).
-    pub vocab_size: usize,
-    /// Longest sequence the positions cover (source or target).
-    pub max_position_embeddings: usize,
-    /// Encoder layers.
-    pub encoder_layers: usize,
-    /// Encoder feed-forward size.
-    pub encoder_ffn_dim: usize,
-    /// Encoder heads.
-    pub encoder_attention_heads: usize,
-    /// Decoder layers.
-    pub decoder_layers: usize,
-    /// Decoder feed-forward size.
-    pub decoder_ffn_dim: usize,
-    /// Decoder heads.
-    pub decoder_attention_heads: usize,
-    /// Feed-forward activation (`relu` for M2M100, exact `gelu` for mBART, ...).
-    pub activation_function: String,
-    /// Model size.
-    pub d_model: usize,
-    /// Multiply token embeddings by `sqrt(d_model)`.
-    pub scale_embedding: bool,
-    /// Padding id (M2M100's positions count from it).
-    pub pad_token_id: Option<u32>,
     /// Beginning-of-sequence id.
     pub bos_token_id: Option<u32>,
-    /// End-of-sequence id(s).
-    pub eos_token_id: Option<TokenIds>,
-    /// The first token fed to the decoder (`</s>`, 2, in these families' checkpoints).
-    pub decoder_start_token_id: Option<u32>,
-    /// Forced at the last allowed generation step.
-    pub forced_eos_token_id: Option<TokenIds>,
-    /// The output projection is the shared embedding table, and the encoder's and decoder's
-    /// tables are that one too. With `false`, transformers 5.24 ties nothing: the encoder, the
-    /// decoder and the head read their own tensors.
-    pub tie_word_embeddings: bool,
+}
+
+impl ConfigExtras for FamilyExtras {
+    const PRE_NORM: bool = true;
+
+    /// Never read: [`FamilyConfig::from_json`] merges the family's own defaults
+    /// ([`FamilyDef::defaults`], a family is known only at run time) into the file before
+    /// parsing, so no key is missing. A config of zero sizes, which
+    /// [`FamilyConfig::validate`] refuses.
+    fn defaults() -> FamilyConfig {
+        BartConfig {
+            vocab_size: 0,
+            max_position_embeddings: 0,
+            encoder_layers: 0,
+            encoder_ffn_dim: 0,
+            encoder_attention_heads: 0,
+            decoder_layers: 0,
+            decoder_ffn_dim: 0,
+            decoder_attention_heads: 0,
+            activation_function: String::new(),
+            d_model: 0,
+            scale_embedding: false,
+            pad_token_id: None,
+            eos_token_id: None,
+            decoder_start_token_id: None,
+            forced_eos_token_id: None,
+            tie_word_embeddings: false,
+            extras: FamilyExtras {
+                model_type: String::new(),
+                bos_token_id: None,
+            },
+        }
+    }
 }
 
 fn json_err(path: &str, e: impl std::fmt::Display) -> candle::Error {
@@ -311,7 +296,7 @@ impl FamilyConfig {
                     }
                 }
                 merged.insert(target.to_string(), value.clone());
-            } else if HONOURED.contains(&key.as_str()) {
+            } else if SHARED_KEYS.contains(&key.as_str()) || FAMILY_KEYS.contains(&key.as_str()) {
                 merged.insert(key.clone(), value.clone());
             } else if COMMON_IGNORED.contains(&key.as_str())
                 || family.ignored_keys.contains(&key.as_str())
@@ -364,38 +349,11 @@ impl FamilyConfig {
         }
     }
 
-    /// The padding id (`pad_token_id`); an error when the config has none.
-    pub fn pad_id(&self) -> candle::Result<u32> {
-        self.pad_token_id
-            .ok_or_else(|| candle::Error::Msg("config.json has no pad_token_id".into()))
-    }
-
-    /// The feed-forward activation.
-    pub fn activation(&self) -> candle::Result<Activation> {
-        self.activation_function.parse().map_err(|e: String| {
-            candle::Error::Msg(format!("config.json activation_function: {e}"))
-        })
-    }
-
     /// Checks what transformers would refuse or what this model cannot run: sizes at least 1,
     /// `d_model` divisible by the heads (and, for M2M100's positions, at least 4), a known
     /// activation, special ids inside the vocabulary.
     pub fn validate(&self, family: &FamilyDef) -> candle::Result<()> {
-        for (name, v) in [
-            ("vocab_size", self.vocab_size),
-            ("d_model", self.d_model),
-            ("encoder_layers", self.encoder_layers),
-            ("decoder_layers", self.decoder_layers),
-            ("encoder_attention_heads", self.encoder_attention_heads),
-            ("decoder_attention_heads", self.decoder_attention_heads),
-            ("encoder_ffn_dim", self.encoder_ffn_dim),
-            ("decoder_ffn_dim", self.decoder_ffn_dim),
-            ("max_position_embeddings", self.max_position_embeddings),
-        ] {
-            if v == 0 {
-                candle::bail!("config.json: {name} must be at least 1")
-            }
-        }
+        self.check_sizes(&[])?;
         if family.positions == PositionKind::M2M100Sinusoidal && self.d_model < 4 {
             candle::bail!(
                 "config.json: d_model {} is too small for {}'s sinusoidal positions (at least 4: \
@@ -418,55 +376,10 @@ impl FamilyConfig {
             ("eos_token_id", eos),
             ("forced_eos_token_id", forced),
         ];
-        for (name, ids) in ids {
-            if let Some(&bad) = ids
-                .unwrap_or_default()
-                .iter()
-                .find(|&&id| id as usize >= self.vocab_size)
-            {
-                candle::bail!(
-                    "config.json: {name} {bad} is outside the vocabulary of {} tokens",
-                    self.vocab_size
-                )
-            }
-        }
+        Self::check_ids(ids, "vocabulary", self.vocab_size)?;
         self.encoder_config()?.validate()?;
         self.decoder_config()?.validate()?;
         Ok(())
-    }
-
-    fn stack_config(
-        &self,
-        heads: usize,
-        ffn: usize,
-        layers: usize,
-    ) -> candle::Result<TransformerConfig> {
-        Ok(bart_stack_config(
-            self.d_model,
-            heads,
-            ffn,
-            layers,
-            self.activation()?,
-            true,
-        ))
-    }
-
-    /// The encoder stack's layers (pre-norm, Hugging Face names).
-    pub fn encoder_config(&self) -> candle::Result<TransformerConfig> {
-        self.stack_config(
-            self.encoder_attention_heads,
-            self.encoder_ffn_dim,
-            self.encoder_layers,
-        )
-    }
-
-    /// The decoder stack's layers (pre-norm, Hugging Face names).
-    pub fn decoder_config(&self) -> candle::Result<TransformerConfig> {
-        self.stack_config(
-            self.decoder_attention_heads,
-            self.decoder_ffn_dim,
-            self.decoder_layers,
-        )
     }
 
     /// The shared encoder-decoder this config describes for `family`: pre-norm stacks with
@@ -482,11 +395,7 @@ impl FamilyConfig {
             max_position_embeddings: self.max_position_embeddings,
             encoder: self.encoder_config()?,
             decoder: self.decoder_config()?,
-            embed_scale: if self.scale_embedding {
-                (self.d_model as f64).sqrt()
-            } else {
-                1.0
-            },
+            embed_scale: self.embed_scale(),
             positions: match family.positions {
                 PositionKind::M2M100Sinusoidal => Positions::M2M100Sinusoidal {
                     padding_idx: self.pad_id()?,

@@ -1,92 +1,53 @@
 //! `config.json` of a Hugging Face MarianMT directory, read as transformers' `MarianConfig`
 //! reads it (same field names, same defaults).
 
-use crate::models::encoder_decoder::{bart_stack_config, EncoderDecoderSpec, Positions};
-use crate::transformer::{Activation, TransformerConfig};
+use crate::models::config::{BartConfig, ConfigExtras};
+use crate::models::encoder_decoder::{EncoderDecoderSpec, Positions};
 use serde::Deserialize;
 use std::path::Path;
 
-/// One token id or several (`eos_token_id` may be a list in Hugging Face configs).
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(untagged)]
-pub enum TokenIds {
-    /// A single id.
-    One(u32),
-    /// Several ids.
-    Many(Vec<u32>),
-}
-
-impl TokenIds {
-    /// The ids as a list.
-    pub fn to_vec(&self) -> Vec<u32> {
-        match self {
-            TokenIds::One(id) => vec![*id],
-            TokenIds::Many(ids) => ids.clone(),
-        }
-    }
-
-    /// The first id (the one transformers uses where a single id is needed).
-    pub fn first(&self) -> Option<u32> {
-        self.to_vec().first().copied()
-    }
-}
+pub use crate::models::config::TokenIds;
 
 /// The model half of a MarianMT `config.json`: sizes, activation, special token ids. Field
 /// names and defaults are those of transformers' `MarianConfig` (5.x); unknown fields are
-/// ignored, as transformers keeps them as plain attributes.
+/// ignored, as transformers keeps them as plain attributes. The keys every family shares are
+/// [`BartConfig`]'s; Marian's own ([`MarianExtras`]) are read as fields of the config too.
+pub type MarianConfig = BartConfig<MarianExtras>;
+
+/// The keys of a MarianMT `config.json` beyond [`BartConfig`]'s.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default)]
-pub struct MarianConfig {
+pub struct MarianExtras {
     /// `"marian"` for MarianMT checkpoints (checked when present).
     pub model_type: Option<String>,
-    /// Source (and, when shared, target) vocabulary size.
-    pub vocab_size: usize,
     /// Target vocabulary size when the decoder has its own embeddings; `None` = `vocab_size`.
     pub decoder_vocab_size: Option<usize>,
-    /// Longest sequence the positions cover (source or target).
-    pub max_position_embeddings: usize,
-    /// Encoder layers.
-    pub encoder_layers: usize,
-    /// Encoder feed-forward size.
-    pub encoder_ffn_dim: usize,
-    /// Encoder heads.
-    pub encoder_attention_heads: usize,
-    /// Decoder layers.
-    pub decoder_layers: usize,
-    /// Decoder feed-forward size.
-    pub decoder_ffn_dim: usize,
-    /// Decoder heads.
-    pub decoder_attention_heads: usize,
-    /// Feed-forward activation (`swish` for opus-mt, `gelu`, `relu`, `gelu_new`...).
-    pub activation_function: String,
-    /// Model size.
-    pub d_model: usize,
-    /// Multiply token embeddings by `sqrt(d_model)`.
-    pub scale_embedding: bool,
-    /// Padding id (also Marian's decoder start token).
-    pub pad_token_id: Option<u32>,
-    /// End-of-sequence id(s).
-    pub eos_token_id: Option<TokenIds>,
-    /// The first token fed to the decoder.
-    pub decoder_start_token_id: Option<u32>,
-    /// Forced at the last allowed generation step.
-    pub forced_eos_token_id: Option<TokenIds>,
     /// Encoder and decoder share one embedding table (`model.shared`).
     pub share_encoder_decoder_embeddings: bool,
-    /// The output projection is the (decoder) embedding table.
-    pub tie_word_embeddings: bool,
     /// Recorded by old Marian exports. transformers' `MarianMTModel` is post-norm whatever this
     /// says, and so are we (see [`MarianConfig::validate`]).
     pub normalize_before: Option<bool>,
 }
 
-impl Default for MarianConfig {
+impl Default for MarianExtras {
     /// transformers' `MarianConfig()` defaults.
     fn default() -> Self {
         Self {
             model_type: None,
-            vocab_size: 58101,
             decoder_vocab_size: None,
+            share_encoder_decoder_embeddings: true,
+            normalize_before: None,
+        }
+    }
+}
+
+impl ConfigExtras for MarianExtras {
+    const PRE_NORM: bool = false;
+
+    /// transformers' `MarianConfig()` defaults.
+    fn defaults() -> MarianConfig {
+        BartConfig {
+            vocab_size: 58101,
             max_position_embeddings: 1024,
             encoder_layers: 12,
             encoder_ffn_dim: 4096,
@@ -101,10 +62,16 @@ impl Default for MarianConfig {
             eos_token_id: Some(TokenIds::One(0)),
             decoder_start_token_id: Some(58100),
             forced_eos_token_id: Some(TokenIds::One(0)),
-            share_encoder_decoder_embeddings: true,
             tie_word_embeddings: true,
-            normalize_before: None,
+            extras: MarianExtras::default(),
         }
+    }
+}
+
+impl Default for MarianConfig {
+    /// transformers' `MarianConfig()` defaults.
+    fn default() -> Self {
+        MarianExtras::defaults()
     }
 }
 
@@ -138,19 +105,6 @@ impl MarianConfig {
         }
     }
 
-    /// The padding id (`pad_token_id`); an error when the config has none.
-    pub fn pad_id(&self) -> candle::Result<u32> {
-        self.pad_token_id
-            .ok_or_else(|| candle::Error::Msg("config.json has no pad_token_id".into()))
-    }
-
-    /// The feed-forward activation.
-    pub fn activation(&self) -> candle::Result<Activation> {
-        self.activation_function.parse().map_err(|e: String| {
-            candle::Error::Msg(format!("config.json activation_function: {e}"))
-        })
-    }
-
     /// Checks what transformers would refuse or what we cannot run.
     pub fn validate(&self) -> candle::Result<()> {
         if let Some(t) = &self.model_type {
@@ -160,22 +114,7 @@ impl MarianConfig {
                 )
             }
         }
-        for (name, v) in [
-            ("vocab_size", self.vocab_size),
-            ("d_model", self.d_model),
-            ("encoder_layers", self.encoder_layers),
-            ("decoder_layers", self.decoder_layers),
-            ("encoder_attention_heads", self.encoder_attention_heads),
-            ("decoder_attention_heads", self.decoder_attention_heads),
-            ("encoder_ffn_dim", self.encoder_ffn_dim),
-            ("decoder_ffn_dim", self.decoder_ffn_dim),
-            ("max_position_embeddings", self.max_position_embeddings),
-            ("target vocabulary size", self.target_vocab_size()),
-        ] {
-            if v == 0 {
-                candle::bail!("config.json: {name} must be at least 1")
-            }
-        }
+        self.check_sizes(&[("target vocabulary size", self.target_vocab_size())])?;
         if !self.d_model.is_multiple_of(2) {
             candle::bail!(
                 "config.json: d_model {} is odd; Marian's sinusoidal positions need an even size",
@@ -184,56 +123,20 @@ impl MarianConfig {
         }
         self.activation()?;
         self.pad_id()?;
-        for (name, id) in [
-            ("pad_token_id", self.pad_token_id),
-            ("decoder_start_token_id", self.decoder_start_token_id),
-        ] {
-            if let Some(id) = id {
-                if id as usize >= self.target_vocab_size() {
-                    candle::bail!(
-                        "config.json: {name} {id} is outside the target vocabulary of {} tokens",
-                        self.target_vocab_size()
-                    )
-                }
-            }
-        }
+        Self::check_ids(
+            [
+                ("pad_token_id", self.pad_token_id.map(|i| vec![i])),
+                (
+                    "decoder_start_token_id",
+                    self.decoder_start_token_id.map(|i| vec![i]),
+                ),
+            ],
+            "target vocabulary",
+            self.target_vocab_size(),
+        )?;
         self.encoder_config()?.validate()?;
         self.decoder_config()?.validate()?;
         Ok(())
-    }
-
-    fn stack_config(
-        &self,
-        heads: usize,
-        ffn: usize,
-        layers: usize,
-    ) -> candle::Result<TransformerConfig> {
-        Ok(bart_stack_config(
-            self.d_model,
-            heads,
-            ffn,
-            layers,
-            self.activation()?,
-            false,
-        ))
-    }
-
-    /// The encoder stack's layer configuration (post-norm, Hugging Face names).
-    pub fn encoder_config(&self) -> candle::Result<TransformerConfig> {
-        self.stack_config(
-            self.encoder_attention_heads,
-            self.encoder_ffn_dim,
-            self.encoder_layers,
-        )
-    }
-
-    /// The decoder stack's layer configuration (post-norm, Hugging Face names).
-    pub fn decoder_config(&self) -> candle::Result<TransformerConfig> {
-        self.stack_config(
-            self.decoder_attention_heads,
-            self.decoder_ffn_dim,
-            self.decoder_layers,
-        )
     }
 
     /// The shared encoder-decoder this config describes: post-norm stacks without final
@@ -248,11 +151,7 @@ impl MarianConfig {
             max_position_embeddings: self.max_position_embeddings,
             encoder: self.encoder_config()?,
             decoder: self.decoder_config()?,
-            embed_scale: if self.scale_embedding {
-                (self.d_model as f64).sqrt()
-            } else {
-                1.0
-            },
+            embed_scale: self.embed_scale(),
             positions: Positions::MarianSinusoidal,
             shared_embeddings: self.share_encoder_decoder_embeddings,
             tie_word_embeddings: self.tie_word_embeddings,

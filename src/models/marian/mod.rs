@@ -11,6 +11,6 @@ mod translator;
 
 pub use crate::models::encoder_decoder::marian_positions;
 pub use crate::tokenizers::MarianTokenizer;
-pub use config::{MarianConfig, TokenIds};
+pub use config::{MarianConfig, MarianExtras, TokenIds};
 pub use model::MarianMTModel;
 pub use translator::MarianTranslator;
