@@ -40,7 +40,8 @@ pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
         ConvertArg::Int8 => ConvertTo::Int8,
         ConvertArg::Bf16 => ConvertTo::Bf16,
     };
-    let report = convert_dir(&args.model, &args.output, to, args.force).with_context(|| {
+    let model = crate::model_source::resolve_model(&args.model)?;
+    let report = convert_dir(&model, &args.output, to, args.force).with_context(|| {
         format!(
             "converting {} to {} in {}",
             args.model.display(),

@@ -66,7 +66,12 @@ const BLEND_MIN_WEIGHT: f32 = 0.01;
 pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
     let attention: AttentionUse = args.attention.parse()?;
     let device = candle::Device::Cpu;
-    let (explanation, model_name) = match &args.model {
+    let model = args
+        .model
+        .as_deref()
+        .map(crate::model_source::resolve_model)
+        .transpose()?;
+    let (explanation, model_name) = match &model {
         None => {
             let translator =
                 shipped::translator(&device).context("loading the built-in translation model")?;

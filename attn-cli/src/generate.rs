@@ -128,24 +128,20 @@ pub fn with_overrides(
 
 pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     let device = args.device.device()?;
+    let dir = crate::model_source::resolve_model(&args.model)?;
     // A directory that is none (missing, no config.json, another model_type) is said so first,
     // before its generation settings are looked for.
-    Family::of_dir(&args.model)?;
-    let mut cfg = generation_config(
-        &args.model,
-        args.beams,
-        args.max_new_tokens,
-        args.min_new_tokens,
-    )?;
+    Family::of_dir(&dir)?;
+    let mut cfg = generation_config(&dir, args.beams, args.max_new_tokens, args.min_new_tokens)?;
     if let Some(id) = args.forced_bos_token_id {
         cfg.forced_bos_token_id = Some(id);
     }
     let (ids, shape) = on_rayon_pool(|| -> anyhow::Result<_> {
-        let model = AnyModel::load(&args.model, &device, args.precision.precision())?;
+        let model = AnyModel::load(&dir, &device, args.precision.precision())?;
         if let AnyModel::Family(m) = &model {
             // The family config's special ids where the directory has no
             // generation_config.json (transformers builds it from the config object).
-            if !args.model.join("generation_config.json").is_file() {
+            if !dir.join("generation_config.json").is_file() {
                 m.config().fill_generation_ids(&mut cfg);
             }
         }

@@ -26,6 +26,16 @@ pub struct InspectArgs {
 }
 
 pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
+    // A missing path that does not name a tensor file may be a hub id (ORG/NAME[@REVISION]):
+    // the directory of its cached snapshot.
+    let tensor_file = matches!(
+        args.file.extension().and_then(|e| e.to_str()),
+        Some("safetensors" | "bin" | "pt" | "pth" | "ckpt")
+    );
+    if !args.file.exists() && !tensor_file {
+        let dir = crate::model_source::resolve_model(&args.file)?;
+        return inspect_dir(&dir, args.json);
+    }
     if args.file.is_dir() {
         return inspect_dir(&args.file, args.json);
     }

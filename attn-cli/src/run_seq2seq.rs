@@ -57,7 +57,8 @@ pub struct RunSeq2SeqArgs {
 /// `attn run marian`: a MarianMT directory (refusing any other family).
 pub fn run_marian(args: &RunMarianArgs) -> anyhow::Result<()> {
     let device = args.device.device()?;
-    let model = load_marian(&args.model, &device, args.precision.precision())?;
+    let dir = crate::model_source::resolve_model(&args.model)?;
+    let model = load_marian(&dir, &device, args.precision.precision())?;
     forward_to_file(&model, "MarianMT", &args.inputs, &args.output, &device)
 }
 
@@ -65,7 +66,8 @@ pub fn run_marian(args: &RunMarianArgs) -> anyhow::Result<()> {
 /// family, as `attn run marian` does for MarianMT.
 pub fn run_seq2seq(args: &RunSeq2SeqArgs) -> anyhow::Result<()> {
     let device = args.device.device()?;
-    let model = AnyModel::load(&args.model, &device, args.precision.precision())?;
+    let dir = crate::model_source::resolve_model(&args.model)?;
+    let model = AnyModel::load(&dir, &device, args.precision.precision())?;
     forward_to_file(
         model.model(),
         model.family_name(),

@@ -95,3 +95,55 @@ fn an_id_not_cached_fails_offline_naming_id_cache_and_download() {
         "{stderr}"
     );
 }
+
+/// Every command that takes a model directory takes a cached hub id the same way: `inspect`
+/// describes the snapshot, `convert` converts it, `explain` explains with it, `generate` and
+/// `run seq2seq` load it.
+#[test]
+fn every_model_command_takes_a_hub_id() {
+    let cache = cache_with_tiny_marian();
+    let id = "test-org/tiny-marian";
+    let ok = |out: &Output| {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        String::from_utf8(out.stdout.clone()).unwrap()
+    };
+    let dir = fixture();
+    let dir = dir.to_str().unwrap();
+    let described = |model: &str| {
+        let mut v: serde_json::Value =
+            serde_json::from_str(&ok(&attn(cache.path(), &["inspect", model, "--json"]))).unwrap();
+        let v_map = v.as_object_mut().unwrap();
+        v_map.remove("directory");
+        v_map.remove("weights");
+        v
+    };
+    assert_eq!(described(id), described(dir));
+
+    let converted = cache.path().join("int8");
+    ok(&attn(
+        cache.path(),
+        &[
+            "convert",
+            "--model",
+            id,
+            "--output",
+            converted.to_str().unwrap(),
+            "--quantize",
+            "int8",
+        ],
+    ));
+    assert!(converted.join("config.json").is_file());
+
+    // The same explanation, past the line that names the model's directory.
+    let explained = |model: &str| {
+        let out = ok(&attn(cache.path(), &["explain", "--model", model, "hello"]));
+        out[out.find("text:").unwrap()..].to_string()
+    };
+    assert_eq!(explained(id), explained(dir));
+
+    let out = attn(cache.path(), &["inspect", "weights/absent.safetensors"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("absent.safetensors"));
+}

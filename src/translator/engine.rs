@@ -51,8 +51,14 @@ pub(crate) fn generate_sorted(
         {
             end += 1;
         }
-        let batch: Vec<Vec<u32>> = todo[start..end].iter().map(|(_, ids)| ids.clone()).collect();
-        for ((i, ids), result) in todo[start..end].iter().zip(generate_rows(&batch, &generate)) {
+        let batch: Vec<Vec<u32>> = todo[start..end]
+            .iter()
+            .map(|(_, ids)| ids.clone())
+            .collect();
+        for ((i, ids), result) in todo[start..end]
+            .iter()
+            .zip(generate_rows(&batch, &generate))
+        {
             on_done(*i, ids, result)?;
         }
         start = end;
@@ -67,7 +73,9 @@ mod tests {
 
     /// "Generates" the ids reversed; a batch holding a row that says "fail" (id 0) fails
     /// whole, as a model error would, and that row alone fails too.
-    fn reverse(largest: &Cell<usize>) -> impl Fn(&[Vec<u32>]) -> candle::Result<Vec<Vec<Hypothesis>>> + '_ {
+    fn reverse(
+        largest: &Cell<usize>,
+    ) -> impl Fn(&[Vec<u32>]) -> candle::Result<Vec<Vec<Hypothesis>>> + '_ {
         move |batch| {
             largest.set(largest.get().max(batch.len()));
             if batch.iter().any(|ids| ids.contains(&0)) {
@@ -89,11 +97,18 @@ mod tests {
         }
     }
 
-    fn run(todo: Vec<(usize, Vec<u32>)>, batching: Batching) -> (Vec<(usize, Result<Vec<u32>, String>)>, usize) {
+    fn run(
+        todo: Vec<(usize, Vec<u32>)>,
+        batching: Batching,
+    ) -> (Vec<(usize, Result<Vec<u32>, String>)>, usize) {
         let largest = Cell::new(0);
         let mut done = Vec::new();
         let flow = generate_sorted(todo, batching, reverse(&largest), |i, _, r| {
-            done.push((i, r.map(|h| h[0].tokens[1..].to_vec()).map_err(|e| e.to_string())));
+            done.push((
+                i,
+                r.map(|h| h[0].tokens[1..].to_vec())
+                    .map_err(|e| e.to_string()),
+            ));
             ControlFlow::Continue(())
         });
         assert_eq!(flow, ControlFlow::Continue(()));
@@ -110,7 +125,13 @@ mod tests {
             (4, vec![9, 8, 7, 6]),
         ];
         for budget in [1, 3, 6, 1000] {
-            let (done, _) = run(todo.clone(), Batching { max_batch_tokens: budget, rows_per_text: 1 });
+            let (done, _) = run(
+                todo.clone(),
+                Batching {
+                    max_batch_tokens: budget,
+                    rows_per_text: 1,
+                },
+            );
             let order: Vec<usize> = done.iter().map(|d| d.0).collect();
             assert_eq!(order, vec![1, 2, 3, 0, 4], "budget {budget}");
             assert_eq!(done[0].1, Ok(vec![5]));
@@ -127,11 +148,23 @@ mod tests {
     fn batches_hold_at_most_max_batch_rows_rows() {
         let todo: Vec<(usize, Vec<u32>)> = (0..1000).map(|i| (i, vec![i as u32 + 1])).collect();
         for beams in [1, 4, 300] {
-            let (done, largest) = run(todo.clone(), Batching { max_batch_tokens: 1 << 30, rows_per_text: beams });
+            let (done, largest) = run(
+                todo.clone(),
+                Batching {
+                    max_batch_tokens: 1 << 30,
+                    rows_per_text: beams,
+                },
+            );
             assert_eq!(done.len(), 1000);
             assert_eq!(largest, (MAX_BATCH_ROWS / beams).max(1), "beams {beams}");
         }
-        let (_, largest) = run(todo, Batching { max_batch_tokens: 10, rows_per_text: 1 });
+        let (_, largest) = run(
+            todo,
+            Batching {
+                max_batch_tokens: 10,
+                rows_per_text: 1,
+            },
+        );
         assert_eq!(largest, 10);
     }
 
@@ -140,10 +173,17 @@ mod tests {
         let largest = Cell::new(0);
         let mut seen = 0;
         let todo: Vec<(usize, Vec<u32>)> = (0..10).map(|i| (i, vec![1])).collect();
-        let batching = Batching { max_batch_tokens: 2, rows_per_text: 1 };
+        let batching = Batching {
+            max_batch_tokens: 2,
+            rows_per_text: 1,
+        };
         let flow = generate_sorted(todo, batching, reverse(&largest), |_, _, _| {
             seen += 1;
-            if seen == 3 { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+            if seen == 3 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
         });
         assert_eq!((flow, seen), (ControlFlow::Break(()), 3));
     }

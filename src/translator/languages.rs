@@ -189,7 +189,11 @@ pub(crate) fn iso639_1_of(code: &str) -> Option<&'static str> {
         .strip_prefix(">>")
         .and_then(|c| c.strip_suffix("<<"))
         .unwrap_or(code);
-    let language = bare.split(['_', '-']).next().unwrap_or(bare).to_ascii_lowercase();
+    let language = bare
+        .split(['_', '-'])
+        .next()
+        .unwrap_or(bare)
+        .to_ascii_lowercase();
     match language.len() {
         2 => ISO_639.iter().find(|l| l.0 == language).map(|l| l.0),
         3 => ISO_639

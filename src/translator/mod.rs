@@ -291,7 +291,8 @@ impl Translator {
         };
         let (model, generation) = match family {
             Family::Marian => {
-                let model = MarianMTModel::from_dir_with(dir, precision, device).map_err(context)?;
+                let model =
+                    MarianMTModel::from_dir_with(dir, precision, device).map_err(context)?;
                 let tokenizer = MarianTokenizer::from_dir(dir).map_err(context)?;
                 tokenizer.check_model_vocab_size(model.config().vocab_size)?;
                 let generation = GenerationConfig::from_model_dir(dir)?;
@@ -362,7 +363,11 @@ impl Translator {
     /// (`source_lang`, `target_lang`), where it says them; `None` for a multilingual model,
     /// which needs the languages named ([`Translator::translate_pair`]).
     pub fn default_pair(&self) -> Option<(&str, &str)> {
-        match (&self.model, self.sources.as_slice(), self.targets.as_slice()) {
+        match (
+            &self.model,
+            self.sources.as_slice(),
+            self.targets.as_slice(),
+        ) {
             (Model::Marian { .. }, [source], [target]) => {
                 Some((source.code.as_str(), target.code.as_str()))
             }
@@ -427,7 +432,9 @@ impl Translator {
         })?;
         Ok(out
             .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(TranslateError::model("internal: text not translated"))))
+            .map(|r| {
+                r.unwrap_or_else(|| Err(TranslateError::model("internal: text not translated")))
+            })
             .collect())
     }
 
@@ -772,7 +779,9 @@ impl Model {
             Model::Marian { tokenizer, .. } => {
                 let config = tokenizer.config();
                 let one = |code: &Option<String>| {
-                    code.iter().map(|c| Language::from_code(c)).collect::<Vec<_>>()
+                    code.iter()
+                        .map(|c| Language::from_code(c))
+                        .collect::<Vec<_>>()
                 };
                 let sources = one(&config.source_lang);
                 let targets = if tokenizer.language_codes().is_empty() {
