@@ -35,7 +35,7 @@ pub use languages::Language;
 
 use crate::explain::AttentionMap;
 use crate::generation::{generate_hypotheses, GenerationConfig, Hypothesis};
-use crate::marian::MarianMTModel;
+use crate::models::marian::MarianMTModel;
 use crate::models::encoder_decoder::EncoderDecoderModel;
 use crate::models::seq2seq::{Family, Seq2SeqModel};
 use crate::models::translation::attention_map;
