@@ -35,8 +35,8 @@ pub use languages::Language;
 
 use crate::explain::AttentionMap;
 use crate::generation::{generate_hypotheses, GenerationConfig, Hypothesis};
-use crate::models::marian::MarianMTModel;
 use crate::models::encoder_decoder::EncoderDecoderModel;
+use crate::models::marian::MarianMTModel;
 use crate::models::seq2seq::{Family, Seq2SeqModel};
 use crate::models::translation::attention_map;
 use crate::tokenizers::{load_multilingual_tokenizer, MarianTokenizer, MultilingualTokenizer};
