@@ -269,3 +269,81 @@ fn a_missing_directory_says_what_it_takes() {
         .unwrap_err();
     assert!(err.to_string().contains("max_batch_tokens"), "{err}");
 }
+
+/// Continuous batching: texts pushed while others decode, a cancelled text, the row cap; every
+/// result equal to the text's translation alone.
+#[test]
+fn continuous_batching_admits_texts_mid_decode_and_cancels() {
+    use candle_attention::translator::{Continuous, MAX_BATCH_ROWS};
+    let m = marian();
+    let texts = marian_texts();
+    for beam in [1, 2] {
+        let options = TranslateOptions::beam(beam);
+        let alone: Vec<String> = texts
+            .iter()
+            .map(|t| texts_of(m.translate(&[t], &options).unwrap()).remove(0))
+            .collect();
+        let mut running = Continuous::new(&m);
+        let mut got: Vec<Option<String>> = vec![None; texts.len()];
+        let (first, later) = texts.split_at(texts.len() / 2);
+        for (i, t) in first.iter().enumerate() {
+            running.push(i as u64, t, None, &options).unwrap();
+        }
+        let cancelled = first.len() as u64 - 1;
+        assert!(running.cancel(cancelled));
+        let mut steps = 0;
+        while !running.is_idle() {
+            if steps == 2 {
+                for (k, t) in later.iter().enumerate() {
+                    let tag = (first.len() + k) as u64;
+                    running.push(tag, t, None, &options).unwrap();
+                }
+            }
+            assert!(running.running_rows() <= MAX_BATCH_ROWS);
+            for (tag, result) in running.step() {
+                assert!(got[tag as usize].is_none(), "text {tag} twice");
+                got[tag as usize] = Some(result.unwrap().text);
+            }
+            steps += 1;
+        }
+        for (i, want) in alone.iter().enumerate() {
+            if i as u64 == cancelled {
+                assert_eq!(got[i], None, "a cancelled text gets nothing");
+            } else {
+                assert_eq!(
+                    got[i].as_deref(),
+                    Some(want.as_str()),
+                    "text {i}, beam {beam}"
+                );
+            }
+        }
+        assert!(running.tokens_generated() > 0);
+    }
+}
+
+/// However many short texts the token budget would take, at most MAX_BATCH_ROWS decoder rows
+/// decode at once.
+#[test]
+fn the_row_cap_holds_for_a_large_call() {
+    use candle_attention::translator::{Continuous, MAX_BATCH_ROWS};
+    let m = Translator::builder(fixture("marian_e2e"))
+        .max_batch_tokens(1 << 20)
+        .max_new_tokens(3)
+        .build()
+        .unwrap();
+    let mut running = Continuous::new(&m);
+    let options = TranslateOptions::beam(3);
+    for i in 0..400u64 {
+        running.push(i, &format!("{i}"), None, &options).unwrap();
+    }
+    let (mut most, mut results) = (0, 0);
+    while !running.is_idle() {
+        results += running.step().len();
+        most = most.max(running.running_rows());
+    }
+    assert_eq!(results, 400);
+    assert!(
+        most <= MAX_BATCH_ROWS && most > MAX_BATCH_ROWS / 2,
+        "{most}"
+    );
+}

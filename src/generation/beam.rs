@@ -132,49 +132,107 @@ fn check_candidates(num_beams: usize, vocab: usize, k: usize) -> Result<()> {
     Ok(())
 }
 
-/// Runs beam search; returns `num_return_sequences` hypotheses per item, best first, start
-/// token first, unpadded.
-pub(crate) fn beam_search<M: StepDecoder>(
-    model: &M,
-    state: &mut M::State,
-    batch: usize,
-    cfg: &Resolved,
-) -> Result<Vec<Vec<Hypothesis>>> {
-    let nb = cfg.num_beams;
-    let keep = 2.max(1 + cfg.eos.len()) * nb;
-    let early = cfg.early_stopping;
-    let mut items: Vec<Item> = (0..batch)
-        .map(|i| Item {
-            running: vec![vec![cfg.start]; nb],
-            running_scores: (0..nb)
-                .map(|b| if b == 0 { 0.0 } else { NEG_LARGE })
-                .collect(),
-            // The state starts with one row per item: every beam reads it at the first step.
-            rows: vec![i; nb],
-            slots: vec![
-                Slot {
-                    seq: vec![cfg.start],
-                    score: NEG_LARGE,
-                    sum: NEG_LARGE,
-                    finished: false,
-                };
-                nb
-            ],
-            heuristic: true,
-            settled: false,
-        })
-        .collect();
-    let mut vocab = None;
-    let mut feed = vec![cfg.start; batch];
-    let mut cur_len = 1;
-    while !feed.is_empty() {
-        let step = fetch_step(model, state, &feed, &mut vocab, cfg)?;
+/// Beam search over `batch` items in progress, one step at a time: an item is handed out at
+/// the step it settles (or when the search stops), and items can be cancelled between steps.
+pub(crate) struct Beam {
+    items: Vec<Item>,
+    /// Whether each item was handed out (or cancelled).
+    out: Vec<bool>,
+    /// The token each state row is fed next.
+    feed: Vec<u32>,
+    vocab: Option<usize>,
+    cur_len: usize,
+    /// Items to drop from the state before the next step.
+    cancelled: Vec<usize>,
+    /// Whether the search has stopped (everything handed out).
+    stopped: bool,
+}
+
+impl Beam {
+    pub(crate) fn new(batch: usize, cfg: &Resolved) -> Self {
+        let nb = cfg.num_beams;
+        let items = (0..batch)
+            .map(|i| Item {
+                running: vec![vec![cfg.start]; nb],
+                running_scores: (0..nb)
+                    .map(|b| if b == 0 { 0.0 } else { NEG_LARGE })
+                    .collect(),
+                // The state starts with one row per item: every beam reads it at the first step.
+                rows: vec![i; nb],
+                slots: vec![
+                    Slot {
+                        seq: vec![cfg.start],
+                        score: NEG_LARGE,
+                        sum: NEG_LARGE,
+                        finished: false,
+                    };
+                    nb
+                ],
+                heuristic: true,
+                settled: false,
+            })
+            .collect();
+        Self {
+            items,
+            out: vec![false; batch],
+            feed: vec![cfg.start; batch],
+            vocab: None,
+            cur_len: 1,
+            cancelled: Vec::new(),
+            stopped: batch == 0,
+        }
+    }
+
+    /// Whether every item has been handed out (or cancelled).
+    pub(crate) fn is_done(&self) -> bool {
+        self.stopped
+    }
+
+    /// Decoder rows in the state.
+    pub(crate) fn rows(&self) -> usize {
+        self.feed.len()
+    }
+
+    /// Drops `item` from the search before the next step (it is never handed out). Other
+    /// items' results do not change: an item leaves the global stop rule only when it can no
+    /// longer change either way.
+    pub(crate) fn cancel(&mut self, item: usize) {
+        self.cancelled.push(item);
+    }
+
+    /// One decoding step: returns the items that settled with it (or all that are left, when
+    /// the search stops), each with its `num_return_sequences` hypotheses, best first.
+    pub(crate) fn step<M: StepDecoder>(
+        &mut self,
+        model: &M,
+        state: &mut M::State,
+        cfg: &Resolved,
+    ) -> Result<Vec<(usize, Vec<Hypothesis>)>> {
+        if self.stopped {
+            return Ok(Vec::new());
+        }
+        let nb = cfg.num_beams;
+        if !self.cancelled.is_empty() {
+            let rows_now = self.feed.len();
+            for &i in &self.cancelled {
+                self.out[i] = true;
+                self.items[i].settled = true;
+            }
+            self.cancelled.clear();
+            if !self.place_open(model, state, nb, rows_now)? {
+                return Ok(self.stop(cfg));
+            }
+        }
+        let keep = 2.max(1 + cfg.eos.len()) * nb;
+        let early = cfg.early_stopping;
+        let step = fetch_step(model, state, &self.feed, &mut self.vocab, cfg)?;
         let v = step.vocab;
         check_candidates(nb, v, keep)?;
+        let cur_len = self.cur_len;
         // Items are independent: their processors, scores and selections run in parallel
         // (at beam-search sizes this host work is as long as the model's step).
         step.with_values(|values| {
-            items
+            self.items
                 .par_iter_mut()
                 .filter(|it| !it.settled)
                 .for_each(|item| {
@@ -191,53 +249,114 @@ pub(crate) fn beam_search<M: StepDecoder>(
                 });
             Ok(())
         })?;
-        cur_len += 1;
-        if cur_len >= cfg.max_length {
-            break;
+        self.cur_len += 1;
+        if self.cur_len >= cfg.max_length {
+            return Ok(self.stop(cfg));
         }
-        for item in items.iter_mut().filter(|it| !it.settled) {
+        let mut settled_now = Vec::new();
+        for (i, item) in self
+            .items
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, it)| !it.settled)
+        {
             let full = item.slots.iter().all(|s| s.finished);
             let done = !item.heuristic || (early == EarlyStopping::True && full);
             item.settled = done && full && item.slots.iter().all(|s| s.score > -1.0e8);
+            if item.settled {
+                settled_now.push(i);
+            }
         }
         // transformers' global stop (`_beam_search_has_unfinished_sequences`) over the items
         // that can still change; settled items are full.
-        let open: Vec<&Item> = items.iter().filter(|it| !it.settled).collect();
+        let open: Vec<&Item> = self.items.iter().filter(|it| !it.settled).collect();
         let improvement_possible = open.iter().any(|it| it.heuristic);
         let all_full = early == EarlyStopping::True
             && open.iter().all(|it| it.slots.iter().all(|s| s.finished));
         if open.is_empty() || !improvement_possible || all_full {
-            break;
+            return Ok(self.stop(cfg));
         }
-        let open_items = open.len();
+        let handed = self.hand_out(settled_now, cfg);
+        self.place_open(model, state, nb, step.rows)?;
+        Ok(handed)
+    }
+
+    /// Lays the open items' beams on consecutive state rows and reorders the state (from
+    /// `rows_now` rows); false when no item is open.
+    fn place_open<M: StepDecoder>(
+        &mut self,
+        model: &M,
+        state: &mut M::State,
+        nb: usize,
+        rows_now: usize,
+    ) -> Result<bool> {
+        let open_items = self.items.iter().filter(|it| !it.settled).count();
+        if open_items == 0 {
+            return Ok(false);
+        }
         let mut rows = vec![0u32; open_items * nb];
-        feed.clear();
-        feed.resize(open_items * nb, 0);
-        for (n, item) in items.iter_mut().filter(|it| !it.settled).enumerate() {
+        self.feed.clear();
+        self.feed.resize(open_items * nb, 0);
+        for (n, item) in self.items.iter_mut().filter(|it| !it.settled).enumerate() {
             let base = n * nb;
             for (b, offset) in place_beams(&item.rows, base).into_iter().enumerate() {
                 rows[base + offset] = item.rows[b] as u32;
-                feed[base + offset] = *item.running[b].last().unwrap();
+                self.feed[base + offset] = *item.running[b].last().unwrap();
                 item.rows[b] = base + offset;
             }
         }
-        reorder_unless_identity(model, state, &rows, step.rows)?;
+        reorder_unless_identity(model, state, &rows, rows_now)?;
+        Ok(true)
     }
-    Ok(items
-        .into_iter()
-        .map(|it| {
-            it.slots
-                .into_iter()
-                .take(cfg.num_return)
-                .map(|s| Hypothesis {
-                    ended_with_eos: s.seq.len() > 1 && cfg.eos.contains(s.seq.last().unwrap()),
-                    tokens: s.seq,
-                    log_prob: s.sum,
-                    score: s.score,
-                })
-                .collect()
-        })
-        .collect())
+
+    /// Stops the search: every item not yet handed out, as its slots stand.
+    fn stop(&mut self, cfg: &Resolved) -> Vec<(usize, Vec<Hypothesis>)> {
+        self.stopped = true;
+        self.feed.clear();
+        let left: Vec<usize> = (0..self.items.len()).filter(|&i| !self.out[i]).collect();
+        self.hand_out(left, cfg)
+    }
+
+    /// The hypotheses of `items`, marked handed out.
+    fn hand_out(&mut self, items: Vec<usize>, cfg: &Resolved) -> Vec<(usize, Vec<Hypothesis>)> {
+        let items: Vec<usize> = items.into_iter().filter(|&i| !self.out[i]).collect();
+        items
+            .into_iter()
+            .map(|i| {
+                self.out[i] = true;
+                let hypotheses = self.items[i]
+                    .slots
+                    .iter()
+                    .take(cfg.num_return)
+                    .map(|s| Hypothesis {
+                        ended_with_eos: s.seq.len() > 1 && cfg.eos.contains(s.seq.last().unwrap()),
+                        tokens: s.seq.clone(),
+                        log_prob: s.sum,
+                        score: s.score,
+                    })
+                    .collect();
+                (i, hypotheses)
+            })
+            .collect()
+    }
+}
+
+/// Runs beam search; returns `num_return_sequences` hypotheses per item, best first, start
+/// token first, unpadded.
+pub(crate) fn beam_search<M: StepDecoder>(
+    model: &M,
+    state: &mut M::State,
+    batch: usize,
+    cfg: &Resolved,
+) -> Result<Vec<Vec<Hypothesis>>> {
+    let mut search = Beam::new(batch, cfg);
+    let mut out: Vec<Vec<Hypothesis>> = vec![Vec::new(); batch];
+    while !search.is_done() {
+        for (item, hypotheses) in search.step(model, state, cfg)? {
+            out[item] = hypotheses;
+        }
+    }
+    Ok(out)
 }
 
 /// Where an item's running beams go among its next state rows `base..base + sources.len()`,

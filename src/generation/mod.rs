@@ -77,6 +77,8 @@ pub use config::{EarlyStopping, GenerationConfig};
 pub use hypothesis::Hypothesis;
 pub use step::StepDecoder;
 
+use config::Resolved;
+
 use candle::Result;
 
 /// Generates like `transformers`' `model.generate(input_ids, attention_mask, ...)` with the
@@ -125,6 +127,81 @@ pub fn generate_hypotheses<M: StepDecoder>(
         greedy::greedy(model, &mut state, batch, &resolved)
     } else {
         beam::beam_search(model, &mut state, batch, &resolved)
+    }
+}
+
+/// A search in progress over a batch of items, one decoding step at a time: what continuous
+/// batching drives. Items are handed out at the step they end (greedy: EOS or `max_length`;
+/// beam search: when their result can no longer change), and an item can be cancelled between
+/// steps (its rows leave the state). Each item's result is exactly what [`generate_hypotheses`]
+/// gives it: items of a batch are independent.
+pub struct Search {
+    cfg: Resolved,
+    kind: SearchKind,
+}
+
+enum SearchKind {
+    Greedy(greedy::Greedy),
+    Beam(beam::Beam),
+}
+
+impl Search {
+    /// Starts a search over the `batch` rows of `state` (the encoder already run, one row per
+    /// item) with the settings `cfg`; reserves the state's caches for its longest sequence.
+    pub fn new<M: StepDecoder>(
+        model: &M,
+        state: &mut M::State,
+        batch: usize,
+        cfg: &GenerationConfig,
+    ) -> Result<Self> {
+        let cfg = cfg.resolve()?;
+        if batch > 0 {
+            model.reserve(state, cfg.max_length.saturating_sub(1))?;
+        }
+        let kind = if cfg.num_beams == 1 {
+            SearchKind::Greedy(greedy::Greedy::new(batch, &cfg))
+        } else {
+            SearchKind::Beam(beam::Beam::new(batch, &cfg))
+        };
+        Ok(Self { cfg, kind })
+    }
+
+    /// One decoding step: the items that ended with it, each with its hypotheses (best first,
+    /// `num_return_sequences` of them).
+    pub fn step<M: StepDecoder>(
+        &mut self,
+        model: &M,
+        state: &mut M::State,
+    ) -> Result<Vec<(usize, Vec<Hypothesis>)>> {
+        match &mut self.kind {
+            SearchKind::Greedy(g) => g.step(model, state, &self.cfg),
+            SearchKind::Beam(b) => b.step(model, state, &self.cfg),
+        }
+    }
+
+    /// Drops `item` before the next step; it is never handed out, and the others' results do
+    /// not change.
+    pub fn cancel(&mut self, item: usize) {
+        match &mut self.kind {
+            SearchKind::Greedy(g) => g.cancel(item),
+            SearchKind::Beam(b) => b.cancel(item),
+        }
+    }
+
+    /// Whether every item has been handed out or cancelled.
+    pub fn is_done(&self) -> bool {
+        match &self.kind {
+            SearchKind::Greedy(g) => g.is_done(),
+            SearchKind::Beam(b) => b.is_done(),
+        }
+    }
+
+    /// The decoder rows the state holds now (items × beams still running).
+    pub fn rows(&self) -> usize {
+        match &self.kind {
+            SearchKind::Greedy(g) => g.rows(),
+            SearchKind::Beam(b) => b.rows(),
+        }
     }
 }
 

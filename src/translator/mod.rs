@@ -16,20 +16,22 @@
 //!   ([`Translator::translate_pair`]), named as the family spells them (`eng_Latn`, `en_XX`,
 //!   `en`) or by ISO 639-1 (`en`); a MarianMT directory translates its own pair (from its
 //!   `tokenizer_config.json`), and a multi-target one (`>>fra<<` tokens) into each target.
-//! * **Batched as the bulk path**: the texts of a call are encoded, sorted by length and
-//!   packed into batches within a token budget and a row cap ([`engine`]); finished rows leave
-//!   the running batch; texts that encode alike are generated once. Outputs do not depend on
-//!   the batching (rows of a padded batch are independent).
+//! * **Continuous batching**: the texts of a call are encoded, sorted by length and decoded
+//!   in cohorts within a token budget and a row cap ([`Continuous`]); finished rows leave the
+//!   running batch at once and waiting texts take their place; texts that encode alike are
+//!   generated once. Outputs do not depend on the batching (rows of a padded batch are
+//!   independent).
 //! * **One result per text**, typed: a text the model cannot take is an
 //!   [`ErrorKind::Input`] error for that text only; a generation failure an
 //!   [`ErrorKind::Model`] one.
 //! * **Shared**: a `Translator` is `Send + Sync`; one loaded model serves many threads.
 
-mod engine;
+mod continuous;
 mod error;
 mod languages;
 
-pub use engine::MAX_BATCH_ROWS;
+pub use continuous::{Continuous, MAX_BATCH_ROWS};
+
 pub use error::{ErrorKind, TranslateError};
 pub use languages::Language;
 
@@ -42,7 +44,6 @@ use crate::models::translation::attention_map;
 use crate::tokenizers::{load_multilingual_tokenizer, MarianTokenizer, MultilingualTokenizer};
 use crate::weights::Precision;
 use candle::{Device, Tensor};
-use engine::{generate_sorted, Batching};
 use std::collections::HashMap;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -67,7 +68,8 @@ pub struct Translator {
 enum Model {
     Marian {
         model: MarianMTModel,
-        tokenizer: MarianTokenizer,
+        // Boxed: the tokenizer's tables are large next to the other variant.
+        tokenizer: Box<MarianTokenizer>,
     },
     Multilingual {
         model: Seq2SeqModel,
@@ -296,6 +298,7 @@ impl Translator {
                 let tokenizer = MarianTokenizer::from_dir(dir).map_err(context)?;
                 tokenizer.check_model_vocab_size(model.config().vocab_size)?;
                 let generation = GenerationConfig::from_model_dir(dir)?;
+                let tokenizer = Box::new(tokenizer);
                 (Model::Marian { model, tokenizer }, generation)
             }
             Family::M2M100 | Family::MBart => {
@@ -467,33 +470,32 @@ impl Translator {
                     },
                     Err(e) => {
                         if on_result(i, Err(e)).is_break() {
-                            return Ok(());
+                            return;
                         }
                     }
                 }
             }
-            let (beams, _) = request.generation.search_size()?;
-            let batching = Batching {
-                max_batch_tokens: self.max_batch_tokens,
-                rows_per_text: beams,
-            };
-            let _ = generate_sorted(
-                todo,
-                batching,
-                |batch| self.generate_batch(batch, &request.generation),
-                |i, ids, result| {
-                    let result = result
-                        .map_err(|e| TranslateError::model(e.to_string()))
-                        .and_then(|hyps| self.translation(ids, hyps, options));
+            // Shortest first: a cohort pads little and its texts end at about the same step.
+            todo.sort_by_key(|(i, ids)| (ids.len(), *i));
+            let mut running = Continuous::new(self);
+            for (i, ids) in todo {
+                running.push_ids(i as u64, ids, &request, options);
+            }
+            while !running.is_idle() {
+                for (tag, result) in running.step() {
+                    let i = tag as usize;
                     for &j in repeats.get(&i).into_iter().flatten() {
-                        on_result(j, result.clone())?;
+                        if on_result(j, result.clone()).is_break() {
+                            return;
+                        }
                     }
-                    on_result(i, result)
-                },
-            );
-            Ok(())
-        })
-        .map_err(|e: candle::Error| TranslateError::model(e.to_string()))
+                    if on_result(i, result).is_break() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(())
     }
 
     /// Translates `text` (greedy or as `options` say) and returns the encoder-decoder
@@ -675,6 +677,17 @@ impl Translator {
         batch: &[Vec<u32>],
         generation: &GenerationConfig,
     ) -> candle::Result<Vec<Vec<Hypothesis>>> {
+        let state = self.start_batch(batch, generation)?;
+        generate_hypotheses(self.model(), state, batch.len(), generation)
+    }
+
+    /// Encodes a right-padded batch (after checking that its generation fits in memory): the
+    /// state generation starts from.
+    fn start_batch(
+        &self,
+        batch: &[Vec<u32>],
+        generation: &GenerationConfig,
+    ) -> candle::Result<crate::models::encoder_decoder::DecodeState> {
         let model = self.model();
         let (beams, max_length) = generation.search_size()?;
         let source_len = batch.iter().map(Vec::len).max().unwrap_or(0);
@@ -695,8 +708,7 @@ impl Translator {
         let device = model.device();
         let ids = Tensor::from_vec(ids, (batch.len(), source_len), device)?;
         let mask = Tensor::from_vec(mask, (batch.len(), source_len), device)?;
-        let state = model.start(&ids, &mask)?;
-        generate_hypotheses(model, state, batch.len(), generation)
+        model.start(&ids, &mask)
     }
 
     /// The text of a generated sequence, as `batch_decode(..., skip_special_tokens=True)`.
@@ -808,7 +820,7 @@ impl Model {
 }
 
 /// A call's resolved languages and generation settings.
-struct Request {
+pub(crate) struct Request {
     /// A multilingual model's source code (as the family spells it).
     source: Option<String>,
     /// A multi-target MarianMT model's target token (`>>fra<<`), written before each text.

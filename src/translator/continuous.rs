@@ -1,0 +1,340 @@
+//! Continuous batching: texts join a running decode as others leave it, not only at batch
+//! boundaries.
+//!
+//! A [`Continuous`] holds texts waiting (encoded, first in first out) and *cohorts*: groups of
+//! texts that started decoding together (one padded encoder pass, one model state, one
+//! [`Search`]). Each [`Continuous::step`] first admits waiting texts as a new cohort when the
+//! running batch has room (within the row cap and the token budget), then advances every cohort
+//! by one decoding step and hands out the texts that ended. Finished rows leave their cohort's
+//! state at once (greedy: at EOS; beam search: when the text's result can no longer change), so
+//! the room they free is taken by new texts at the next step. A text's result does not depend
+//! on the texts it shares a cohort with (rows are independent), so it is exactly what it gets
+//! alone.
+
+use super::{Request, TranslateError, TranslateOptions, Translation, Translator};
+use crate::generation::{GenerationConfig, Hypothesis, Search};
+use crate::models::encoder_decoder::DecodeState;
+use std::collections::VecDeque;
+
+/// The most decoder rows (texts × beams) decoding at once, whatever the token budget allows.
+/// Every row holds its self- and cross-attention caches (beam search copies them at each step)
+/// and a step's log-probabilities (232 KB a row for a 58,101-token vocabulary): the short texts
+/// of a large call would otherwise make batches of a thousand rows, 1.2–1.6 GB resident for a
+/// 282 MB opus-mt model at beam 4.
+pub const MAX_BATCH_ROWS: usize = 256;
+
+/// The most cohorts decoding at once: each is a model call per step, so more of them mean
+/// smaller matrix products.
+const MAX_COHORTS: usize = 4;
+
+/// A running cohort admits new texts only when at least this share of the row cap is free
+/// (else it waits for more room rather than starting a tiny cohort).
+const ADMIT_SHARE: usize = 4;
+
+/// A text waiting for a place in the running batch.
+struct Waiting {
+    tag: u64,
+    ids: Vec<u32>,
+    key: CohortKey,
+    generation: GenerationConfig,
+    options: TranslateOptions,
+    /// Decode alone (its batch failed; it must not take others down again).
+    alone: bool,
+}
+
+/// What texts must share to decode together: the target (forced first token), the beam and
+/// the length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct CohortKey {
+    forced_bos: Option<u32>,
+    beams: usize,
+    max_new_tokens: Option<usize>,
+    max_length: Option<usize>,
+}
+
+/// Texts decoding together.
+struct Cohort {
+    state: DecodeState,
+    search: Search,
+    /// Per item: its tag, source ids and options; `None` once handed out or cancelled.
+    items: Vec<Option<(u64, Vec<u32>, TranslateOptions)>>,
+    generation: GenerationConfig,
+    /// Rows per text.
+    beams: usize,
+}
+
+/// Continuous batching over one [`Translator`]; see the module documentation. Texts are
+/// identified by the caller's tags.
+pub struct Continuous<'t> {
+    translator: &'t Translator,
+    waiting: VecDeque<Waiting>,
+    cohorts: Vec<Cohort>,
+    max_rows: usize,
+    tokens_generated: u64,
+}
+
+impl<'t> Continuous<'t> {
+    /// An empty running batch over `translator` (its token budget, [`MAX_BATCH_ROWS`] rows).
+    pub fn new(translator: &'t Translator) -> Self {
+        Self {
+            translator,
+            waiting: VecDeque::new(),
+            cohorts: Vec::new(),
+            max_rows: MAX_BATCH_ROWS,
+            tokens_generated: 0,
+        }
+    }
+
+    /// Queues `text` under `tag`, for `pair` (`None`: the model's own) with `options`. A text
+    /// the model cannot take, or a request that cannot run, is refused at once.
+    pub fn push(
+        &mut self,
+        tag: u64,
+        text: &str,
+        pair: Option<(&str, &str)>,
+        options: &TranslateOptions,
+    ) -> Result<(), TranslateError> {
+        let request = self.translator.request(pair, options)?;
+        self.push_request(tag, text, &request, options)
+    }
+
+    /// [`Continuous::push`] with the request already resolved.
+    pub(crate) fn push_request(
+        &mut self,
+        tag: u64,
+        text: &str,
+        request: &Request,
+        options: &TranslateOptions,
+    ) -> Result<(), TranslateError> {
+        let ids = self.translator.encode(request, text)?;
+        self.push_ids(tag, ids, request, options);
+        Ok(())
+    }
+
+    /// Queues already encoded ids.
+    pub(crate) fn push_ids(
+        &mut self,
+        tag: u64,
+        ids: Vec<u32>,
+        request: &Request,
+        options: &TranslateOptions,
+    ) {
+        let generation = &request.generation;
+        let beams = generation.num_beams.unwrap_or(1).max(1);
+        // Every beam hypothesis is kept (the search is the same whatever the number returned),
+        // so texts asking for different n-best lists share a cohort.
+        let generation = if beams > 1 {
+            generation.clone().with_num_return_sequences(beams)
+        } else {
+            generation.clone()
+        };
+        self.waiting.push_back(Waiting {
+            tag,
+            ids,
+            key: CohortKey {
+                forced_bos: generation.forced_bos_token_id,
+                beams,
+                max_new_tokens: generation.max_new_tokens,
+                max_length: generation.max_length,
+            },
+            generation,
+            options: options.clone(),
+            alone: false,
+        });
+    }
+
+    /// Drops the text `tag`, waiting or decoding; it gets no result. False if it is unknown
+    /// (already handed out).
+    pub fn cancel(&mut self, tag: u64) -> bool {
+        if let Some(pos) = self.waiting.iter().position(|w| w.tag == tag) {
+            self.waiting.remove(pos);
+            return true;
+        }
+        for cohort in &mut self.cohorts {
+            for (i, item) in cohort.items.iter_mut().enumerate() {
+                if item.as_ref().is_some_and(|(t, _, _)| *t == tag) {
+                    *item = None;
+                    cohort.search.cancel(i);
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// Whether nothing is waiting or decoding.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.cohorts.is_empty()
+    }
+
+    /// Texts waiting for a place in the running batch.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Decoder rows running: texts decoding × their beams (a beam search's first step holds
+    /// one row per text, its later ones one per beam: counted at its width from the start).
+    pub fn running_rows(&self) -> usize {
+        self.cohorts
+            .iter()
+            .map(|c| c.items.iter().flatten().count() * c.beams)
+            .sum()
+    }
+
+    /// Tokens generated so far (best hypotheses, EOS included).
+    pub fn tokens_generated(&self) -> u64 {
+        self.tokens_generated
+    }
+
+    /// Admits waiting texts if there is room, then advances every cohort by one step: the texts
+    /// that ended, with their results (a text whose decoding failed gets its error).
+    pub fn step(&mut self) -> Vec<(u64, Result<Translation, TranslateError>)> {
+        let mut done = Vec::new();
+        self.admit(&mut done);
+        let mut failed: Vec<usize> = Vec::new();
+        for (c, cohort) in self.cohorts.iter_mut().enumerate() {
+            let model = self.translator.model();
+            match cohort.search.step(model, &mut cohort.state) {
+                Ok(ended) => {
+                    for (item, hypotheses) in ended {
+                        let Some((tag, ids, options)) = cohort.items[item].take() else {
+                            continue;
+                        };
+                        let result = self.translator.finish(&ids, hypotheses, &options);
+                        if let Ok(t) = &result {
+                            self.tokens_generated += t.generated_tokens as u64;
+                        }
+                        done.push((tag, result));
+                    }
+                }
+                Err(e) => {
+                    failed.push(c);
+                    // A cohort of one fails alone; a larger one is decoded again text by text,
+                    // so that only the text that caused it gets the error.
+                    let open: Vec<(u64, Vec<u32>, TranslateOptions)> =
+                        cohort.items.iter_mut().filter_map(Option::take).collect();
+                    if open.len() == 1 {
+                        done.push((open[0].0, Err(TranslateError::model(e.to_string()))));
+                    } else {
+                        for (tag, ids, options) in open.into_iter().rev() {
+                            self.waiting.push_front(Waiting {
+                                tag,
+                                ids,
+                                key: key_of(&cohort.generation),
+                                generation: cohort.generation.clone(),
+                                options,
+                                alone: true,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        for c in failed.into_iter().rev() {
+            self.cohorts.remove(c);
+        }
+        self.cohorts.retain(|c| !c.search.is_done());
+        done
+    }
+
+    /// Starts a cohort of waiting texts (first in, first out, those sharing the first one's
+    /// key) when the row cap, the cohort count and the admission share allow.
+    fn admit(&mut self, done: &mut Vec<(u64, Result<Translation, TranslateError>)>) {
+        while let Some(first) = self.waiting.front() {
+            let running = self.running_rows();
+            let free = self.max_rows.saturating_sub(running);
+            let per_text = first.key.beams;
+            if self.cohorts.len() >= MAX_COHORTS
+                || (!self.cohorts.is_empty() && free < per_text.max(self.max_rows / ADMIT_SHARE))
+            {
+                return;
+            }
+            let key = first.key;
+            let alone = first.alone;
+            let max_texts = (free / per_text).max(1);
+            let budget = self.translator.max_batch_tokens;
+            // Take texts of the same key in queue order while they fit the budget.
+            let mut take: Vec<usize> = Vec::new();
+            let mut longest = 0;
+            for (i, w) in self.waiting.iter().enumerate() {
+                if take.len() >= max_texts || (alone && !take.is_empty()) {
+                    break;
+                }
+                if w.key != key || (w.alone && !take.is_empty()) {
+                    continue;
+                }
+                let longer = longest.max(w.ids.len());
+                if !take.is_empty() && (take.len() + 1) * longer > budget {
+                    break;
+                }
+                longest = longer;
+                take.push(i);
+            }
+            // Removed from the back so that the indices still hold, then put in queue order.
+            let mut group: Vec<Waiting> = Vec::with_capacity(take.len());
+            for &i in take.iter().rev() {
+                group.extend(self.waiting.remove(i));
+            }
+            group.reverse();
+            let generation = group[0].generation.clone();
+            let batch: Vec<Vec<u32>> = group.iter().map(|w| w.ids.clone()).collect();
+            match self.start(&batch, &generation) {
+                Ok((state, search)) => self.cohorts.push(Cohort {
+                    state,
+                    search,
+                    items: group
+                        .into_iter()
+                        .map(|w| Some((w.tag, w.ids, w.options)))
+                        .collect(),
+                    generation,
+                    beams: per_text,
+                }),
+                Err(e) if group.len() == 1 => {
+                    done.push((group[0].tag, Err(TranslateError::model(e.to_string()))));
+                }
+                Err(_) => {
+                    for mut w in group.into_iter().rev() {
+                        w.alone = true;
+                        self.waiting.push_front(w);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Encodes a padded batch and starts its search.
+    fn start(
+        &self,
+        batch: &[Vec<u32>],
+        generation: &GenerationConfig,
+    ) -> candle::Result<(DecodeState, Search)> {
+        let model = self.translator.model();
+        let mut state = self.translator.start_batch(batch, generation)?;
+        let search = Search::new(model, &mut state, batch.len(), generation)?;
+        Ok((state, search))
+    }
+}
+
+/// The cohort key of a generation config (see [`CohortKey`]).
+fn key_of(generation: &GenerationConfig) -> CohortKey {
+    CohortKey {
+        forced_bos: generation.forced_bos_token_id,
+        beams: generation.num_beams.unwrap_or(1).max(1),
+        max_new_tokens: generation.max_new_tokens,
+        max_length: generation.max_length,
+    }
+}
+
+impl Translator {
+    /// The translation of `hypotheses` (all of the search's, best first), trimmed to the
+    /// options' n-best.
+    fn finish(
+        &self,
+        ids: &[u32],
+        mut hypotheses: Vec<Hypothesis>,
+        options: &TranslateOptions,
+    ) -> Result<Translation, TranslateError> {
+        hypotheses.truncate(options.n_best.max(1));
+        self.translation(ids, hypotheses, options)
+    }
+}
