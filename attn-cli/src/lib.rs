@@ -14,5 +14,6 @@
 
 pub mod heatmap;
 pub mod number_translator;
+pub mod serve;
 pub mod shipped;
 pub mod torch_io;

@@ -341,24 +341,6 @@ impl Beam {
     }
 }
 
-/// Runs beam search; returns `num_return_sequences` hypotheses per item, best first, start
-/// token first, unpadded.
-pub(crate) fn beam_search<M: StepDecoder>(
-    model: &M,
-    state: &mut M::State,
-    batch: usize,
-    cfg: &Resolved,
-) -> Result<Vec<Vec<Hypothesis>>> {
-    let mut search = Beam::new(batch, cfg);
-    let mut out: Vec<Vec<Hypothesis>> = vec![Vec::new(); batch];
-    while !search.is_done() {
-        for (item, hypotheses) in search.step(model, state, cfg)? {
-            out[item] = hypotheses;
-        }
-    }
-    Ok(out)
-}
-
 /// Where an item's running beams go among its next state rows `base..base + sources.len()`,
 /// given the state row each one continues (`sources`, best beam first): the offset of each
 /// beam. A beam whose source row lies in that range keeps it (the first such beam per source),

@@ -153,21 +153,3 @@ impl Greedy {
             .collect()
     }
 }
-
-/// Runs greedy search; returns each item's sequence (start token first, EOS included when
-/// generated, unpadded) with its summed log-probability, one hypothesis per item.
-pub(crate) fn greedy<M: StepDecoder>(
-    model: &M,
-    state: &mut M::State,
-    batch: usize,
-    cfg: &Resolved,
-) -> Result<Vec<Vec<Hypothesis>>> {
-    let mut search = Greedy::new(batch, cfg);
-    let mut out: Vec<Vec<Hypothesis>> = vec![Vec::new(); batch];
-    while !search.is_done() {
-        for (item, hypotheses) in search.step(model, state, cfg)? {
-            out[item] = hypotheses;
-        }
-    }
-    Ok(out)
-}

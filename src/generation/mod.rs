@@ -117,17 +117,20 @@ pub fn generate_hypotheses<M: StepDecoder>(
     batch: usize,
     cfg: &GenerationConfig,
 ) -> Result<Vec<Vec<Hypothesis>>> {
-    let resolved = cfg.resolve()?;
+    // Settings that cannot run are an error even for an empty batch.
+    cfg.resolve()?;
     if batch == 0 {
         return Ok(Vec::new());
     }
-    // The loops feed one token per row at lengths 1 .. max_length - 1.
-    model.reserve(&mut state, resolved.max_length.saturating_sub(1))?;
-    if resolved.num_beams == 1 {
-        greedy::greedy(model, &mut state, batch, &resolved)
-    } else {
-        beam::beam_search(model, &mut state, batch, &resolved)
+    // The loops feed one token per row at lengths 1 .. max_length - 1 (Search::new reserves).
+    let mut search = Search::new(model, &mut state, batch, cfg)?;
+    let mut out: Vec<Vec<Hypothesis>> = vec![Vec::new(); batch];
+    while !search.is_done() {
+        for (item, hypotheses) in search.step(model, &mut state)? {
+            out[item] = hypotheses;
+        }
     }
+    Ok(out)
 }
 
 /// A search in progress over a batch of items, one decoding step at a time: what continuous

@@ -1,0 +1,471 @@
+//! The engine behind `attn serve`: the loaded models and one thread that decodes for all of
+//! them with continuous batching ([`candle_attention::translator::Continuous`]).
+//!
+//! Requests arrive as [`Job`]s (a request's sentences for one language pair) through a bounded
+//! inbox; the engine thread puts each sentence into its model's running batch, where it joins
+//! the decode as soon as there is room, and answers a job as soon as its last sentence is done.
+//! A job whose receiver is dropped (the client went away, the HTTP layer gave up) or whose
+//! deadline passes has its sentences taken out of the batch at the next step. The decoding runs
+//! on rayon's pool, never on the async runtime.
+
+use super::backend::{
+    ApiLanguage, Backend, Job, JobError, JobResult, Sentence, Stats, SubmitError,
+};
+use super::languages::{api_code, api_name};
+use anyhow::Context;
+use candle_attention::translator::Continuous;
+use candle_attention::{Precision, TranslateError, TranslateOptions, Translator};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// One model to serve: a directory or hub id, and (for a one-pair model whose
+/// `tokenizer_config.json` does not say it) its pair of API codes.
+#[derive(Clone, Debug)]
+pub struct ModelSpec {
+    /// `en:de` given on the command line (`--model en:de=DIR`).
+    pub pair: Option<(String, String)>,
+    /// A directory or a hub id.
+    pub model: PathBuf,
+}
+
+/// How the models are loaded and how the engine batches.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Beam width (default: LibreTranslate's 4).
+    pub beam: Option<usize>,
+    /// Most new tokens per sentence (default: the models').
+    pub max_new_tokens: Option<usize>,
+    /// f32, bf16, f16 or int8.
+    pub precision: Precision,
+    /// Padded source tokens per cohort.
+    pub max_batch_tokens: usize,
+    /// The most sentences waiting for a place in the running batch; beyond, jobs are refused.
+    pub max_queue: usize,
+    /// API codes to serve (all the models have, when empty).
+    pub languages: Vec<String>,
+}
+
+/// Where a pair of API codes is translated: the model and its codes for the two languages.
+#[derive(Clone, Debug)]
+struct Route {
+    model: usize,
+    source: String,
+    target: String,
+}
+
+/// A job in progress.
+struct Pending {
+    reply: Option<oneshot::Sender<JobResult>>,
+    results: Vec<Option<Result<Sentence, TranslateError>>>,
+    left: usize,
+    deadline: Instant,
+    /// The tags of its sentences still decoding, with their model.
+    tags: Vec<(usize, u64)>,
+    alternatives: usize,
+}
+
+/// What the HTTP side and the engine thread share.
+struct Shared {
+    inbox: Mutex<Inbox>,
+    wake: Condvar,
+    queued: AtomicUsize,
+    running_rows: AtomicUsize,
+    tokens: AtomicU64,
+}
+
+#[derive(Default)]
+struct Inbox {
+    jobs: VecDeque<(Job, Route, oneshot::Sender<JobResult>)>,
+    stop: bool,
+}
+
+/// The loaded models and their decoding thread; implements [`Backend`].
+pub struct Engine {
+    shared: Arc<Shared>,
+    routes: HashMap<(String, String), Route>,
+    languages: Vec<ApiLanguage>,
+    beam: usize,
+    max_queue: usize,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Engine {
+    /// Loads every model (each once) and starts the decoding thread. Errors name the model.
+    pub fn load(models: Vec<ModelSpec>, options: EngineOptions) -> anyhow::Result<Engine> {
+        if models.is_empty() {
+            anyhow::bail!("no model to serve: give at least one --model")
+        }
+        let mut translators = Vec::new();
+        let mut routes: HashMap<(String, String), Route> = HashMap::new();
+        let mut targets: BTreeMap<String, (String, Vec<String>)> = BTreeMap::new();
+        let wanted = |code: &str| {
+            options.languages.is_empty() || options.languages.iter().any(|l| l == code)
+        };
+        for (index, spec) in models.iter().enumerate() {
+            let mut builder = Translator::builder(&spec.model)
+                .precision(options.precision)
+                .max_batch_tokens(options.max_batch_tokens)
+                .beam(options.beam.unwrap_or(4));
+            if let Some(n) = options.max_new_tokens {
+                builder = builder.max_new_tokens(n);
+            }
+            let translator = builder
+                .build()
+                .with_context(|| format!("loading --model {}", spec.model.display()))?;
+            // (API code, model code, name) of each side.
+            let side = |languages: &[candle_attention::Language]| -> Vec<(String, String, String)> {
+                languages
+                    .iter()
+                    .filter_map(|l| {
+                        api_code(l).map(|api| (api.clone(), l.code.clone(), api_name(&api, l)))
+                    })
+                    .collect()
+            };
+            let (sources, targets_of_model) = match (&spec.pair, translator.default_pair()) {
+                (Some((s, t)), _) => {
+                    // The model's own codes when it says them, else the pair as given.
+                    let code = |api: &str, known: &[candle_attention::Language]| {
+                        known
+                            .iter()
+                            .find(|l| api_code(l).as_deref() == Some(api) || l.code == api)
+                            .map_or_else(|| api.to_string(), |l| l.code.clone())
+                    };
+                    let name = |api: &str| candle_attention::Language::from_code(api).name;
+                    (
+                        vec![(s.clone(), code(s, translator.source_languages()), name(s))],
+                        vec![(t.clone(), code(t, translator.target_languages()), name(t))],
+                    )
+                }
+                (None, Some(_)) | (None, None) => (
+                    side(translator.source_languages()),
+                    side(translator.target_languages()),
+                ),
+            };
+            if sources.is_empty() || targets_of_model.is_empty() {
+                anyhow::bail!(
+                    "{} does not say which languages it translates (no source_lang / target_lang \
+                     in its tokenizer_config.json): give them as --model SRC:TGT={}",
+                    spec.model.display(),
+                    spec.model.display()
+                )
+            }
+            for (s_api, s_code, s_name) in &sources {
+                if !wanted(s_api) {
+                    continue;
+                }
+                for (t_api, t_code, t_name) in &targets_of_model {
+                    if s_api == t_api || !wanted(t_api) {
+                        continue;
+                    }
+                    routes
+                        .entry((s_api.clone(), t_api.clone()))
+                        .or_insert(Route {
+                            model: index,
+                            source: s_code.clone(),
+                            target: t_code.clone(),
+                        });
+                    let entry = targets
+                        .entry(s_api.clone())
+                        .or_insert_with(|| (s_name.clone(), Vec::new()));
+                    if !entry.1.contains(t_api) {
+                        entry.1.push(t_api.clone());
+                    }
+                    targets
+                        .entry(t_api.clone())
+                        .or_insert_with(|| (t_name.clone(), Vec::new()));
+                }
+            }
+            translators.push(Arc::new(translator));
+        }
+        if routes.is_empty() {
+            anyhow::bail!("no language pair left to serve (check --languages)")
+        }
+        let languages = targets
+            .into_iter()
+            .map(|(code, (name, mut to))| {
+                to.sort();
+                ApiLanguage {
+                    code,
+                    name,
+                    targets: to,
+                }
+            })
+            .collect();
+        let beam = translators
+            .iter()
+            .map(|t| t.generation_config().num_beams.unwrap_or(1))
+            .min()
+            .unwrap_or(1);
+        let shared = Arc::new(Shared {
+            inbox: Mutex::new(Inbox::default()),
+            wake: Condvar::new(),
+            queued: AtomicUsize::new(0),
+            running_rows: AtomicUsize::new(0),
+            tokens: AtomicU64::new(0),
+        });
+        let worker = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("attn-engine".into())
+            .spawn(move || {
+                // On rayon's pool: the kernels' parallel loops then include this thread.
+                rayon::scope(|s| s.spawn(|_| run(&worker, &translators)));
+            })
+            .context("starting the engine thread")?;
+        Ok(Engine {
+            shared,
+            routes,
+            languages,
+            beam,
+            max_queue: options.max_queue.max(1),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Backend for Engine {
+    fn languages(&self) -> Vec<ApiLanguage> {
+        self.languages.clone()
+    }
+
+    fn beam(&self) -> usize {
+        self.beam
+    }
+
+    fn submit(&self, job: Job) -> Result<oneshot::Receiver<JobResult>, SubmitError> {
+        let Some(route) = self
+            .routes
+            .get(&(job.source.clone(), job.target.clone()))
+            .cloned()
+        else {
+            let known = self.languages.iter().any(|l| l.code == job.source);
+            let missing = if known { &job.target } else { &job.source };
+            return Err(SubmitError::Unsupported(format!(
+                "{missing} is not supported"
+            )));
+        };
+        let n = job.sentences.len();
+        let mut inbox = self.shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        let queued = self.shared.queued.load(Ordering::SeqCst);
+        // Bounded: a job that does not fit waits nowhere (one larger than the whole queue is
+        // taken only when nothing waits).
+        if queued > 0 && queued + n > self.max_queue {
+            let running = self.shared.running_rows.load(Ordering::SeqCst).max(1);
+            let retry_after_secs = (queued / running).clamp(1, 30) as u64;
+            return Err(SubmitError::Overloaded { retry_after_secs });
+        }
+        let (tx, rx) = oneshot::channel();
+        self.shared.queued.fetch_add(n, Ordering::SeqCst);
+        inbox.jobs.push_back((job, route, tx));
+        drop(inbox);
+        self.shared.wake.notify_one();
+        Ok(rx)
+    }
+
+    fn stats(&self) -> Stats {
+        Stats {
+            queued_sentences: self.shared.queued.load(Ordering::SeqCst),
+            running_rows: self.shared.running_rows.load(Ordering::SeqCst),
+            tokens_generated: self.shared.tokens.load(Ordering::SeqCst),
+        }
+    }
+}
+
+impl Drop for Engine {
+    /// Stops the decoding thread; jobs still in it are answered [`JobError::Stopped`].
+    fn drop(&mut self) {
+        self.shared
+            .inbox
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .stop = true;
+        self.shared.wake.notify_one();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The decoding loop: takes jobs in, steps every model with work, answers finished jobs, drops
+/// the sentences of jobs nobody waits for any more.
+fn run(shared: &Shared, translators: &[Arc<Translator>]) {
+    let mut batches: Vec<Continuous<'_>> = translators.iter().map(|t| Continuous::new(t)).collect();
+    let mut jobs: HashMap<u64, Pending> = HashMap::new();
+    // tag -> (job, sentence index)
+    let mut owner: HashMap<u64, (u64, usize)> = HashMap::new();
+    let mut next_job = 0u64;
+    let mut next_tag = 0u64;
+    loop {
+        let arrived = {
+            let mut inbox = shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
+            while inbox.jobs.is_empty()
+                && !inbox.stop
+                && jobs.is_empty()
+                && batches.iter().all(Continuous::is_idle)
+            {
+                inbox = shared.wake.wait(inbox).unwrap_or_else(|e| e.into_inner());
+            }
+            if inbox.stop {
+                for (_, job) in jobs.drain() {
+                    if let Some(reply) = job.reply {
+                        let _ = reply.send(Err(JobError::Stopped));
+                    }
+                }
+                for (_, _, reply) in inbox.jobs.drain(..) {
+                    let _ = reply.send(Err(JobError::Stopped));
+                }
+                return;
+            }
+            std::mem::take(&mut inbox.jobs)
+        };
+        for (job, route, reply) in arrived {
+            let id = next_job;
+            next_job += 1;
+            let options = TranslateOptions {
+                n_best: job.alternatives + 1,
+                ..TranslateOptions::default()
+            };
+            let mut pending = Pending {
+                reply: Some(reply),
+                results: vec![None; job.sentences.len()],
+                left: 0,
+                deadline: job.deadline,
+                tags: Vec::new(),
+                alternatives: job.alternatives,
+            };
+            let pair = Some((route.source.as_str(), route.target.as_str()));
+            for (i, sentence) in job.sentences.iter().enumerate() {
+                if sentence.trim().is_empty() {
+                    pending.results[i] = Some(Ok(Sentence {
+                        text: sentence.clone(),
+                        alternatives: Vec::new(),
+                    }));
+                    continue;
+                }
+                let tag = next_tag;
+                next_tag += 1;
+                match batches[route.model].push(tag, sentence, pair, &options) {
+                    Ok(()) => {
+                        owner.insert(tag, (id, i));
+                        pending.tags.push((route.model, tag));
+                        pending.left += 1;
+                    }
+                    Err(e) => pending.results[i] = Some(Err(e)),
+                }
+            }
+            jobs.insert(id, pending);
+        }
+        // Jobs nobody waits for (receiver dropped) or past their deadline leave the batch.
+        let now = Instant::now();
+        let gone: Vec<u64> = jobs
+            .iter()
+            .filter(|(_, j)| j.reply.as_ref().is_none_or(|r| r.is_closed()) || now >= j.deadline)
+            .map(|(&id, _)| id)
+            .collect();
+        if !gone.is_empty() {
+            for &id in &gone {
+                if let Some(job) = jobs.get(&id) {
+                    for &(model, tag) in &job.tags {
+                        batches[model].cancel(tag);
+                    }
+                }
+            }
+            publish(shared, &batches);
+        }
+        for id in gone {
+            if let Some(mut job) = jobs.remove(&id) {
+                for &(model, tag) in &job.tags {
+                    batches[model].cancel(tag);
+                    owner.remove(&tag);
+                }
+                if let Some(reply) = job.reply.take() {
+                    let _ = reply.send(Err(JobError::TimedOut));
+                }
+            }
+        }
+        // One step of every model with work.
+        for batch in batches.iter_mut().filter(|b| !b.is_idle()) {
+            for (tag, result) in batch.step() {
+                let Some((id, i)) = owner.remove(&tag) else {
+                    continue;
+                };
+                if let Some(job) = jobs.get_mut(&id) {
+                    let alternatives = job.alternatives;
+                    job.results[i] = Some(result.map(|t| {
+                        Sentence {
+                            alternatives: t
+                                .alternatives
+                                .into_iter()
+                                .skip(1)
+                                .take(alternatives)
+                                .map(|a| a.text)
+                                .collect(),
+                            text: t.text,
+                        }
+                    }));
+                    job.left -= 1;
+                    job.tags.retain(|&(_, t)| t != tag);
+                }
+            }
+        }
+        // The gauges first, so that whoever is answered next sees them current.
+        publish(shared, &batches);
+        // Answer the jobs that are complete.
+        let complete: Vec<u64> = jobs
+            .iter()
+            .filter(|(_, j)| j.left == 0)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in complete {
+            if let Some(mut job) = jobs.remove(&id) {
+                let results = job
+                    .results
+                    .drain(..)
+                    .map(|r| r.unwrap_or_else(|| Err(TranslateError::model("internal: no result"))))
+                    .collect();
+                if let Some(reply) = job.reply.take() {
+                    let _ = reply.send(Ok(results));
+                }
+            }
+        }
+        if jobs.is_empty() && batches.iter().all(Continuous::is_idle) {
+            // Nothing to do until a job arrives (the wait above).
+            continue;
+        }
+        // A job whose deadline is the only thing left to watch: do not spin.
+        if batches.iter().all(Continuous::is_idle) {
+            let next = jobs.values().map(|j| j.deadline).min();
+            let inbox = shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
+            if inbox.jobs.is_empty() && !inbox.stop {
+                let wait = next
+                    .map(|d| d.saturating_duration_since(Instant::now()))
+                    .unwrap_or(Duration::from_millis(50))
+                    .min(Duration::from_millis(50));
+                let _ = shared.wake.wait_timeout(inbox, wait);
+            }
+        }
+    }
+}
+
+/// Stores the gauges (sentences waiting, rows running, tokens generated) for the HTTP side; called
+/// before any job is answered, so that whoever is answered sees them current.
+fn publish(shared: &Shared, batches: &[Continuous<'_>]) {
+    let waiting: usize = batches.iter().map(Continuous::waiting).sum();
+    let inbox: usize = shared
+        .inbox
+        .lock()
+        .map(|i| i.jobs.iter().map(|j| j.0.sentences.len()).sum())
+        .unwrap_or(0);
+    shared.queued.store(waiting + inbox, Ordering::SeqCst);
+    shared.running_rows.store(
+        batches.iter().map(Continuous::running_rows).sum(),
+        Ordering::SeqCst,
+    );
+    shared.tokens.store(
+        batches.iter().map(Continuous::tokens_generated).sum(),
+        Ordering::SeqCst,
+    );
+}

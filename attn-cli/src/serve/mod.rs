@@ -1,0 +1,10 @@
+//! `attn serve`: a translation server that speaks LibreTranslate's HTTP API over the library's
+//! [`candle_attention::Translator`], with continuous batching across requests.
+//!
+//! * [`backend`]: the contract between the HTTP layer and the engine;
+//! * [`engine`]: the loaded models and the decoding thread (continuous batching);
+//! * [`languages`]: LibreTranslate's language codes for the models' ones.
+
+pub mod backend;
+pub mod engine;
+pub mod languages;
