@@ -25,11 +25,11 @@ pub const MAX_BATCH_ROWS: usize = 256;
 
 /// The most cohorts decoding at once: each is a model call per step, so more of them mean
 /// smaller matrix products.
-const MAX_COHORTS: usize = 4;
+const MAX_COHORTS: usize = 2;
 
 /// A running cohort admits new texts only when at least this share of the row cap is free
 /// (else it waits for more room rather than starting a tiny cohort).
-const ADMIT_SHARE: usize = 4;
+const ADMIT_SHARE: usize = 2;
 
 /// A text waiting for a place in the running batch.
 struct Waiting {
