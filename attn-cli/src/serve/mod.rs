@@ -1,0 +1,4 @@
+//! `attn serve`: a LibreTranslate-compatible translation server.
+
+pub mod backend;
+pub mod text;
