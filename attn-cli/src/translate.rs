@@ -22,7 +22,7 @@ pub struct TranslateArgs {
     #[arg(long, conflicts_with = "model")]
     weights: Option<PathBuf>,
     /// A Hugging Face model to translate with instead: a directory, or a hub id
-    /// ORG/NAME[@REVISION] (e.g. Helsinki-NLP/opus-mt-en-de), taken from the Hugging Face cache
+    /// ORG/NAME or ORG/NAME@REVISION (e.g. Helsinki-NLP/opus-mt-en-de), taken from the Hugging Face cache
     /// and downloaded when missing (never with HF_HUB_OFFLINE=1). MarianMT (opus-mt), or
     /// NLLB-200 / M2M100 / mBART-50 with --source-lang and --target-lang.
     #[arg(long, value_name = "DIR|ORG/NAME")]

@@ -3,8 +3,10 @@
 //!
 //! * [`backend`]: the contract between the HTTP layer and the engine;
 //! * [`engine`]: the loaded models and the decoding thread (continuous batching);
-//! * [`languages`]: LibreTranslate's language codes for the models' ones.
+//! * [`languages`]: LibreTranslate's language codes for the models' ones;
+//! * [`text`]: sentences, HTML fragments and language identification (pure functions).
 
 pub mod backend;
 pub mod engine;
 pub mod languages;
+pub mod text;
