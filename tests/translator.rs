@@ -274,7 +274,7 @@ fn a_missing_directory_says_what_it_takes() {
 /// result equal to the text's translation alone.
 #[test]
 fn continuous_batching_admits_texts_mid_decode_and_cancels() {
-    use candle_attention::translator::{Continuous, MAX_BATCH_ROWS};
+    use candle_attention::translator::MAX_BATCH_ROWS;
     let m = marian();
     let texts = marian_texts();
     for beam in [1, 2] {
@@ -283,7 +283,7 @@ fn continuous_batching_admits_texts_mid_decode_and_cancels() {
             .iter()
             .map(|t| texts_of(m.translate(&[t], &options).unwrap()).remove(0))
             .collect();
-        let mut running = Continuous::new(&m);
+        let mut running = m.continuous();
         let mut got: Vec<Option<String>> = vec![None; texts.len()];
         let (first, later) = texts.split_at(texts.len() / 2);
         for (i, t) in first.iter().enumerate() {
@@ -325,13 +325,13 @@ fn continuous_batching_admits_texts_mid_decode_and_cancels() {
 /// decode at once.
 #[test]
 fn the_row_cap_holds_for_a_large_call() {
-    use candle_attention::translator::{Continuous, MAX_BATCH_ROWS};
+    use candle_attention::translator::MAX_BATCH_ROWS;
     let m = Translator::builder(fixture("marian_e2e"))
         .max_batch_tokens(1 << 20)
         .max_new_tokens(3)
         .build()
         .unwrap();
-    let mut running = Continuous::new(&m);
+    let mut running = m.continuous();
     let options = TranslateOptions::beam(3);
     for i in 0..400u64 {
         running.push(i, &format!("{i}"), None, &options).unwrap();

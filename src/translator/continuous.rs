@@ -11,7 +11,9 @@
 //! on the texts it shares a cohort with (rows are independent), so it is exactly what it gets
 //! alone.
 
-use super::{Request, TranslateError, TranslateOptions, Translation, Translator};
+use super::core::{Core, Request};
+use super::error::TranslateError;
+use super::types::{TranslateOptions, Translation};
 use crate::generation::{GenerationConfig, Hypothesis, Search};
 use crate::models::encoder_decoder::DecodeState;
 use std::collections::VecDeque;
@@ -63,10 +65,11 @@ struct Cohort {
     beams: usize,
 }
 
-/// Continuous batching over one [`Translator`]; see the module documentation. Texts are
+/// Continuous batching over one [`Translator`](super::Translator) (made by
+/// [`Translator::continuous`](super::Translator::continuous)); see the module documentation. Texts are
 /// identified by the caller's tags.
 pub struct Continuous<'t> {
-    translator: &'t Translator,
+    translator: &'t Core,
     waiting: VecDeque<Waiting>,
     cohorts: Vec<Cohort>,
     max_rows: usize,
@@ -74,8 +77,9 @@ pub struct Continuous<'t> {
 }
 
 impl<'t> Continuous<'t> {
-    /// An empty running batch over `translator` (its token budget, [`MAX_BATCH_ROWS`] rows).
-    pub fn new(translator: &'t Translator) -> Self {
+    /// An empty running batch over a translator's model (its token budget, [`MAX_BATCH_ROWS`]
+    /// rows): [`Translator::continuous`](super::Translator::continuous).
+    pub(crate) fn over(translator: &'t Core) -> Self {
         Self {
             translator,
             waiting: VecDeque::new(),
@@ -325,10 +329,10 @@ fn key_of(generation: &GenerationConfig) -> CohortKey {
     }
 }
 
-impl Translator {
+impl Core {
     /// The translation of `hypotheses` (all of the search's, best first), trimmed to the
     /// options' n-best.
-    fn finish(
+    pub(crate) fn finish(
         &self,
         ids: &[u32],
         mut hypotheses: Vec<Hypothesis>,

@@ -292,7 +292,7 @@ impl Drop for Engine {
 /// The decoding loop: takes jobs in, steps every model with work, answers finished jobs, drops
 /// the sentences of jobs nobody waits for any more.
 fn run(shared: &Shared, translators: &[Arc<Translator>]) {
-    let mut batches: Vec<Continuous<'_>> = translators.iter().map(|t| Continuous::new(t)).collect();
+    let mut batches: Vec<Continuous<'_>> = translators.iter().map(|t| t.continuous()).collect();
     let mut jobs: HashMap<u64, Pending> = HashMap::new();
     // tag -> (job, sentence index)
     let mut owner: HashMap<u64, (u64, usize)> = HashMap::new();
