@@ -70,10 +70,7 @@ impl std::fmt::Display for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut resp = json_response(
-            self.status,
-            &serde_json::json!({ "error": self.message }),
-        );
+        let mut resp = json_response(self.status, &serde_json::json!({ "error": self.message }));
         if let Some(secs) = self.retry_after {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));

@@ -28,10 +28,9 @@ fn parse_limit(field: &str, what: &str, line: usize) -> Result<Option<u64>, Stri
     if field == "-1" {
         return Ok(None);
     }
-    field
-        .parse::<u64>()
-        .map(Some)
-        .map_err(|_| format!("line {line}: {what} {field:?} is not a whole number (or -1: no limit)"))
+    field.parse::<u64>().map(Some).map_err(|_| {
+        format!("line {line}: {what} {field:?} is not a whole number (or -1: no limit)")
+    })
 }
 
 impl ApiKeys {
@@ -58,8 +57,7 @@ impl ApiKeys {
                 limits.req_limit = Some(parse_limit(f, "REQ_PER_MIN", i + 1)?);
             }
             if let Some(f) = fields.get(2) {
-                limits.char_limit =
-                    Some(parse_limit(f, "CHAR_LIMIT", i + 1)?.map(|n| n as usize));
+                limits.char_limit = Some(parse_limit(f, "CHAR_LIMIT", i + 1)?.map(|n| n as usize));
             }
             if keys.insert(fields[0].to_string(), limits).is_some() {
                 return Err(format!("line {}: key {:?} appears twice", i + 1, fields[0]));

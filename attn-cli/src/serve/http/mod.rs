@@ -138,7 +138,10 @@ impl FileStore {
         let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
         files.retain(|_, (t, _)| t.elapsed() < FILE_KEEP);
         while files.len() >= FILE_MAX {
-            let Some(oldest) = files.iter().min_by_key(|(_, (t, _))| *t).map(|(k, _)| k.clone())
+            let Some(oldest) = files
+                .iter()
+                .min_by_key(|(_, (t, _))| *t)
+                .map(|(k, _)| k.clone())
             else {
                 break;
             };
@@ -215,7 +218,9 @@ impl AppState {
         }
         Ok(Admission {
             limiter_key,
-            char_limit: key_limits.and_then(|k| k.char_limit).unwrap_or(s.char_limit),
+            char_limit: key_limits
+                .and_then(|k| k.char_limit)
+                .unwrap_or(s.char_limit),
         })
     }
 
@@ -231,7 +236,9 @@ impl AppState {
     /// minus one.
     fn alternatives_limit(&self) -> usize {
         let beam = self.backend.beam().saturating_sub(1);
-        self.settings.alternatives_limit.map_or(beam, |l| l.min(beam))
+        self.settings
+            .alternatives_limit
+            .map_or(beam, |l| l.min(beam))
     }
 }
 
@@ -456,12 +463,13 @@ pub async fn serve_with(
         };
         let _ = stream.set_nodelay(true);
         let app = app.clone();
-        let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-            let mut req = req.map(axum::body::Body::new);
-            req.extensions_mut().insert(ConnectInfo(peer));
-            let mut app = app.clone();
-            async move { app.call(req).await }
-        });
+        let service =
+            hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let mut req = req.map(axum::body::Body::new);
+                req.extensions_mut().insert(ConnectInfo(peer));
+                let mut app = app.clone();
+                async move { app.call(req).await }
+            });
         let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
             let _permit = permit;
@@ -475,7 +483,10 @@ pub async fn serve_with(
     match options.drain_timeout {
         Some(t) => {
             if tokio::time::timeout(t, graceful.shutdown()).await.is_err() {
-                tracing::warn!(seconds = t.as_secs(), "requests still in flight after the drain timeout");
+                tracing::warn!(
+                    seconds = t.as_secs(),
+                    "requests still in flight after the drain timeout"
+                );
             }
         }
         None => graceful.shutdown().await,

@@ -7,7 +7,7 @@ use axum::extract::{FromRequest, Multipart, Request};
 use axum::http::{header, HeaderMap, StatusCode};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::{Map, Value};
-use std::time::Duration;
+use std::time::Instant;
 
 /// A file of a `multipart/form-data` body.
 #[derive(Clone, Debug)]
@@ -48,6 +48,11 @@ impl Q {
     }
 }
 
+/// What LibreTranslate 1.9.6 (Flask 2.2.5, werkzeug 2.3.8) answers for a JSON body that does
+/// not parse: Flask's `on_json_loading_failed` raises a bare `BadRequest()` outside debug mode.
+pub const BAD_JSON: &str =
+    "The browser (or proxy) sent a request that this server could not understand.";
+
 fn is_json_mime(mime: &str) -> bool {
     // werkzeug's `is_json`: application/json or application/*+json.
     mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
@@ -68,22 +73,20 @@ fn parse_pairs(bytes: &[u8]) -> Vec<(String, String)> {
     form_urlencoded::parse(bytes).into_owned().collect()
 }
 
-fn body_timeout(timeout: Duration) -> ApiError {
+fn body_timeout() -> ApiError {
     ApiError::new(
         StatusCode::REQUEST_TIMEOUT,
-        format!(
-            "Request Timeout: the request body did not arrive within {} s",
-            timeout.as_secs()
-        ),
+        "Request Timeout: the request body did not arrive within the request timeout",
     )
 }
 
 impl Params {
-    /// Reads a request's parameters: at most `limit` bytes of body (413 beyond), within
-    /// `timeout` (408 after). A JSON body that does not parse is 400 "Failed to decode JSON
-    /// object: ..." (Flask's message), one that is not an object 400 "Invalid JSON format"
-    /// (app.py 102).
-    pub async fn read(req: Request, limit: usize, timeout: Duration) -> Result<Self, ApiError> {
+    /// Reads a request's parameters: at most `limit` bytes of body (413 beyond), before
+    /// `deadline` (408 after). A JSON body that does not parse (or is not UTF-8) is 400 with
+    /// werkzeug's `BadRequest` message ([`BAD_JSON`]), one that is not an object 400 "Invalid
+    /// JSON format" (app.py 102).
+    pub async fn read(req: Request, limit: usize, deadline: Instant) -> Result<Self, ApiError> {
+        let deadline = tokio::time::Instant::from_std(deadline);
         let mut params = Params {
             query: req
                 .uri()
@@ -103,14 +106,15 @@ impl Params {
             .map(|v| v.trim().to_ascii_lowercase())
             .unwrap_or_default();
         if mime == "multipart/form-data" {
-            tokio::time::timeout(timeout, params.read_multipart(req, limit))
+            tokio::time::timeout_at(deadline, params.read_multipart(req, limit))
                 .await
-                .map_err(|_| body_timeout(timeout))??;
+                .map_err(|_| body_timeout())??;
             return Ok(params);
         }
-        let collected = tokio::time::timeout(timeout, Limited::new(req.into_body(), limit).collect())
-            .await
-            .map_err(|_| body_timeout(timeout))?;
+        let collected =
+            tokio::time::timeout_at(deadline, Limited::new(req.into_body(), limit).collect())
+                .await
+                .map_err(|_| body_timeout())?;
         let bytes = match collected {
             Ok(c) => c.to_bytes(),
             Err(e) if is_length_limit(&*e) => return Err(ApiError::too_large(limit)),
@@ -125,9 +129,8 @@ impl Params {
                 Ok(Value::Object(map)) => params.json = Some(map),
                 Ok(_) => return Err(ApiError::bad_request("Invalid JSON format")),
                 Err(e) => {
-                    return Err(ApiError::bad_request(format!(
-                        "Failed to decode JSON object: {e}"
-                    )))
+                    tracing::debug!(error = %e, "undecodable JSON body");
+                    return Err(ApiError::bad_request(BAD_JSON));
                 }
             }
         } else if mime == "application/x-www-form-urlencoded" {
@@ -137,9 +140,9 @@ impl Params {
     }
 
     async fn read_multipart(&mut self, req: Request, limit: usize) -> Result<(), ApiError> {
-        let mut mp = Multipart::from_request(req, &()).await.map_err(|e| {
-            ApiError::bad_request(format!("Invalid request: {}", e.body_text()))
-        })?;
+        let mut mp = Multipart::from_request(req, &())
+            .await
+            .map_err(|e| ApiError::bad_request(format!("Invalid request: {}", e.body_text())))?;
         let field_error = |e: axum::extract::multipart::MultipartError| {
             if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::too_large(limit)
@@ -220,7 +223,9 @@ impl Params {
     pub fn q(&self, normalize_lines: bool) -> Result<Q, ApiError> {
         let v = self.get("q").filter(truthy).ok_or(ApiError::missing("q"))?;
         let not_text = || {
-            ApiError::bad_request("Invalid request: q parameter must be a string or a list of strings")
+            ApiError::bad_request(
+                "Invalid request: q parameter must be a string or a list of strings",
+            )
         };
         match v {
             Value::String(s) if self.is_json() || !normalize_lines => Ok(Q::One(s)),
@@ -240,7 +245,8 @@ impl Params {
     /// `alternatives` (app.py 731/737, 746-749): absent is 0, negative 0; what `int()` cannot
     /// read is 400 "Invalid request: alternatives parameter is not a number".
     pub fn alternatives(&self) -> Result<usize, ApiError> {
-        let nan = || ApiError::bad_request("Invalid request: alternatives parameter is not a number");
+        let nan =
+            || ApiError::bad_request("Invalid request: alternatives parameter is not a number");
         let n: i128 = match self.get("alternatives") {
             None => 0,
             Some(Value::String(s)) => python_int(&s).ok_or_else(nan)?,

@@ -49,7 +49,9 @@ fn find_with_fallback<'a>(langs: &'a [ApiLanguage], code: &str) -> Option<&'a Ap
 
 /// Runs CPU work (segmentation, HTML, detection) off the async workers; a panic in it is a
 /// 500, not a dead connection.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, ApiError> {
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f).await.map_err(|e| {
         tracing::error!(error = %e, "text processing failed");
         ApiError::new(
@@ -72,14 +74,17 @@ async fn run_job(st: &AppState, job: Job) -> Result<Vec<Sentence>, ApiError> {
     let rx = st.backend.submit(job).map_err(|e| match e {
         SubmitError::Overloaded { retry_after_secs } => ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
-            format!(
-                "Slowdown: the translation queue is full, retry in {retry_after_secs} s"
-            ),
+            format!("Slowdown: the translation queue is full, retry in {retry_after_secs} s"),
         )
         .retry_after(retry_after_secs),
         SubmitError::Unsupported(code) => ApiError::not_supported(&code),
     })?;
-    let timed_out = || busy(format!("Request timed out after {secs} s: the server is busy"), 5);
+    let timed_out = || {
+        busy(
+            format!("Request timed out after {secs} s: the server is busy"),
+            5,
+        )
+    };
     let results = match tokio::time::timeout_at(deadline.into(), rx).await {
         Err(_) => return Err(timed_out()),
         Ok(Err(_)) => {
@@ -134,7 +139,11 @@ fn pair_unavailable(src: &ApiLanguage, tgt: &ApiLanguage) -> ApiError {
 }
 
 /// `POST /translate` (app.py 575-879).
-pub(crate) async fn translate(st: St, Extension(client): Extension<Client>, req: Request) -> Response {
+pub(crate) async fn translate(
+    st: St,
+    Extension(client): Extension<Client>,
+    req: Request,
+) -> Response {
     let deadline = Instant::now() + st.settings.request_timeout;
     translate_inner(&st, &client.0, req, deadline)
         .await
@@ -148,7 +157,7 @@ async fn translate_inner(
     deadline: Instant,
 ) -> Result<Response, ApiError> {
     let s = &st.settings;
-    let params = Params::read(req, s.body_limit, s.request_timeout).await?;
+    let params = Params::read(req, s.body_limit, deadline).await?;
     let adm = st.admit(&params, "/translate", client)?;
     let q = params.q(true)?;
     let source = model_code(&params.text("source").ok_or(ApiError::missing("source"))?);
@@ -277,9 +286,14 @@ pub(crate) async fn detect(st: St, Extension(client): Extension<Client>, req: Re
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn detect_inner(st: &Arc<AppState>, client: &str, req: Request) -> Result<Response, ApiError> {
+async fn detect_inner(
+    st: &Arc<AppState>,
+    client: &str,
+    req: Request,
+) -> Result<Response, ApiError> {
     let s = &st.settings;
-    let params = Params::read(req, s.body_limit, s.request_timeout).await?;
+    let deadline = Instant::now() + s.request_timeout;
+    let params = Params::read(req, s.body_limit, deadline).await?;
     st.admit(&params, "/detect", client)?;
     let q = params.q(false)?;
     let batch = matches!(q, Q::Many(_));
@@ -342,7 +356,14 @@ fn random_id() -> String {
     let v = (v & !(0xF << 76)) | (0x4 << 76);
     let v = (v & !(0x3 << 62)) | (0x2 << 62);
     let h = format!("{v:032x}");
-    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
 }
 
 /// The file formats `/translate_file` takes.
@@ -369,7 +390,7 @@ async fn translate_file_inner(
     deadline: Instant,
 ) -> Result<Response, ApiError> {
     let s = &st.settings;
-    let params = Params::read(req, s.body_limit, s.request_timeout).await?;
+    let params = Params::read(req, s.body_limit, deadline).await?;
     let adm = st.admit(&params, "/translate_file", client)?;
     if s.disable_files_translation {
         return Err(ApiError::new(
@@ -377,8 +398,14 @@ async fn translate_file_inner(
             "Files translation are disabled on this server.",
         ));
     }
-    let source = params.form_get("source").filter(|v| !v.is_empty()).map(model_code);
-    let target = params.form_get("target").filter(|v| !v.is_empty()).map(model_code);
+    let source = params
+        .form_get("source")
+        .filter(|v| !v.is_empty())
+        .map(model_code);
+    let target = params
+        .form_get("target")
+        .filter(|v| !v.is_empty())
+        .map(model_code);
     let file = params
         .file("file")
         .filter(|f| !f.filename.is_empty())
@@ -458,7 +485,10 @@ pub(crate) async fn download_file(st: St, Path(filename): Path<String>) -> Respo
     let Some(bytes) = st.files.get(&filename) else {
         return not_found().await;
     };
-    let download = filename.split_once('.').map(|(_, n)| n).unwrap_or(&filename);
+    let download = filename
+        .split_once('.')
+        .map(|(_, n)| n)
+        .unwrap_or(&filename);
     let mut resp = bytes.into_response();
     let h = resp.headers_mut();
     h.insert(

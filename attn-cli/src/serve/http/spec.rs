@@ -8,7 +8,8 @@ fn error_response(description: &str) -> Value {
 }
 
 fn param(name: &str, ty: Value, required: bool, description: &str) -> Value {
-    let mut p = json!({ "in": "formData", "name": name, "required": required, "description": description });
+    let mut p =
+        json!({ "in": "formData", "name": name, "required": required, "description": description });
     if let (Some(obj), Some(t)) = (p.as_object_mut(), ty.as_object()) {
         obj.extend(t.clone());
     }

@@ -113,9 +113,18 @@ pub fn detect(text: &str, candidates: &[String]) -> Vec<(String, f64)> {
         return Vec::new();
     }
     let words: &[(&str, &[&str])] = &[
-        ("en", &["the", "and", "is", "hello", "world", "good", "this"]),
-        ("de", &["der", "die", "und", "ist", "hallo", "welt", "gut", "das"]),
-        ("fr", &["le", "la", "et", "est", "bonjour", "monde", "bon", "ce"]),
+        (
+            "en",
+            &["the", "and", "is", "hello", "world", "good", "this"],
+        ),
+        (
+            "de",
+            &["der", "die", "und", "ist", "hallo", "welt", "gut", "das"],
+        ),
+        (
+            "fr",
+            &["le", "la", "et", "est", "bonjour", "monde", "bon", "ce"],
+        ),
         ("es", &["el", "los", "y", "es", "hola", "mundo", "bueno"]),
     ];
     let lower = text.to_lowercase();
@@ -149,12 +158,22 @@ mod tests {
 
     #[test]
     fn segments_give_back_the_input() {
-        for t in ["", "Hello.", "Hello. World!  Yes\n\nNo ", "  a b  ", "x\r\ny"] {
+        for t in [
+            "",
+            "Hello.",
+            "Hello. World!  Yes\n\nNo ",
+            "  a b  ",
+            "x\r\ny",
+        ] {
             let s: String = segment(t).iter().map(|s| s.text.as_str()).collect();
             assert_eq!(s, t);
         }
         let s = segment("Hello world. How are you?\nFine");
-        let tr: Vec<_> = s.iter().filter(|s| s.translate).map(|s| s.text.as_str()).collect();
+        let tr: Vec<_> = s
+            .iter()
+            .filter(|s| s.translate)
+            .map(|s| s.text.as_str())
+            .collect();
         assert_eq!(tr, ["Hello world.", "How are you?", "Fine"]);
     }
 
