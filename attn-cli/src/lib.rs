@@ -5,7 +5,7 @@
 //!   DejaVu Sans font embedded).
 //! * [`number_translator`]: the English → German number translator (data, tokenizers,
 //!   model, training, translating), the command's own application of the library.
-//! * [`serve`]: `attn serve`, a LibreTranslate-compatible translation server.
+//! * [`serve`]: `attn serve`, LibreTranslate's HTTP API over a batching engine.
 //! * [`shipped`]: its trained model of `weights/`, embedded in the binary so an installed
 //!   `attn` needs no source tree.
 //! * [`torch_io`]: the edge of `attn run`: torch's layouts and masks of saved tensors in,

@@ -15,6 +15,7 @@ mod pool;
 mod run_mha;
 mod run_seq2seq;
 mod run_transformer;
+mod serve_cmd;
 mod train;
 mod translate;
 
@@ -136,6 +137,9 @@ enum Command {
     /// The result loads like the original (--model DIR2): an int8 directory runs int8 without
     /// --quantize, a bf16 one is an ordinary checkpoint (run it with --dtype bf16).
     Convert(convert::ConvertArgs),
+    /// Serve translations over HTTP with LibreTranslate's API (Mastodon, Discourse, Weblate and
+    /// LibreTranslate's other clients work unchanged), batching across requests.
+    Serve(serve_cmd::ServeArgs),
     /// Print the tab-completion script of attn for a shell to standard output.
     Completions(completions::CompletionsArgs),
     /// Print the manual page of attn (roff) to standard output, or write one page per command
@@ -264,6 +268,7 @@ fn main() -> ExitCode {
         Command::Translate(args) => translate::run(&args),
         Command::Explain(args) => explain::run(&args),
         Command::Convert(args) => convert::run(&args),
+        Command::Serve(args) => serve_cmd::run(&args),
         Command::Completions(args) => completions::completions(&args, Cli::command()),
         Command::Man(args) => completions::man(&args, Cli::command()),
     };
