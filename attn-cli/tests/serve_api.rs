@@ -370,11 +370,14 @@ async fn sentences_lists_html_and_line_endings() {
         ["Hello world.", "How are you?", "Fine"]
     );
     // A list is one job, answered with a list in order (LibreTranslate's test_api_translate_batch).
-    let (st, _, v) = post_json(&s, "/translate", json!({"q": ["Hello", "World", "", "a. b"], "source": "en", "target": "de", "format": "text"})).await;
+    let (st, _, v) = post_json(&s, "/translate", json!({"q": ["Hello", "World", "", "Yes. No"], "source": "en", "target": "de", "format": "text"})).await;
     assert_eq!(st, 200);
-    assert_eq!(v, json!({"translatedText": ["HELLO", "WORLD", "", "A. B"]}));
+    assert_eq!(
+        v,
+        json!({"translatedText": ["HELLO", "WORLD", "", "YES. NO"]})
+    );
     let job = s.fake.jobs().last().unwrap().clone();
-    assert_eq!(job.sentences, ["Hello", "World", "a.", "b"]);
+    assert_eq!(job.sentences, ["Hello", "World", "Yes.", "No"]);
     assert_eq!(
         (job.source.as_str(), job.target.as_str(), job.alternatives),
         ("en", "de", 0)
@@ -487,7 +490,7 @@ async fn alternatives_and_auto() {
     let (st, _, v) = post_json(
         &s,
         "/translate",
-        json!({"q": "Hallo Welt, das ist gut", "source": "auto", "target": "en"}),
+        json!({"q": "Das Wetter ist heute sehr schön, und wir gehen an den Strand", "source": "auto", "target": "en"}),
     )
     .await;
     assert_eq!(st, 200);
@@ -497,12 +500,18 @@ async fn alternatives_and_auto() {
     let (_, _, v) = post_json(
         &s,
         "/translate",
-        json!({"q": ["Hallo Welt", "das ist gut"], "source": "auto", "target": "en"}),
+        json!({"q": ["Das Wetter ist heute sehr schön, und wir gehen an den Strand", "Ich habe keine Zeit, weil ich noch arbeiten muss"], "source": "auto", "target": "en"}),
     )
     .await;
     assert_eq!(v["detectedLanguage"].as_array().unwrap().len(), 2);
     assert_eq!(v["detectedLanguage"][1]["language"], "de");
-    assert_eq!(v["translatedText"], json!(["HALLO WELT", "DAS IST GUT"]));
+    assert_eq!(
+        v["translatedText"],
+        json!([
+            "DAS WETTER IST HEUTE SEHR SCHÖN, UND WIR GEHEN AN DEN STRAND",
+            "ICH HABE KEINE ZEIT, WEIL ICH NOCH ARBEITEN MUSS"
+        ])
+    );
     // Nothing to detect: en with confidence 0 (app.py 802).
     let (_, _, v) = post_json(
         &s,
@@ -527,7 +536,7 @@ async fn detect_route() {
     let (_, _, v) = post_json(&s, "/detect", json!({"q": "Bonjour le monde, c'est bon"})).await;
     assert_eq!(v[0]["language"], "fr");
     assert!(v.as_array().unwrap().len() <= 3);
-    let (_, _, v) = post_json(&s, "/detect", json!({"q": ["Hallo Welt", "das ist gut"]})).await;
+    let (_, _, v) = post_json(&s, "/detect", json!({"q": ["Das Wetter ist heute sehr schön, und wir gehen an den Strand", "Ich habe keine Zeit, weil ich noch arbeiten muss"]})).await;
     assert_eq!(v[0]["language"], "de");
     let (st, v) = post_form(&s, "/detect", &[]).await;
     assert_eq!((st, v), (400, err("Invalid request: missing q parameter")));
@@ -960,7 +969,7 @@ async fn overload_is_429_with_retry_after() {
     let first = tokio::spawn(async move {
         client()
             .post(url)
-            .json(&json!({"q": "a. b", "source": "en", "target": "de"}))
+            .json(&json!({"q": "Yes. No", "source": "en", "target": "de"}))
             .send()
             .await
             .unwrap()

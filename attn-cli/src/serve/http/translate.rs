@@ -236,7 +236,10 @@ mod tests {
         let d = detect_languages(&["1234".to_string()], false, &codes);
         assert_eq!(d, [("en".to_string(), 0.0)]);
         let d = detect_languages(
-            &["hello world".to_string(), "the good".to_string()],
+            &[
+                "The weather is very good today and we are going to the beach.".to_string(),
+                "This is another sentence, written in plain English.".to_string(),
+            ],
             true,
             &codes,
         );
