@@ -30,6 +30,7 @@ const COMMANDS: &[&str] = &[
     "translate",
     "explain",
     "convert",
+    "serve",
     "completions",
     "man",
 ];
