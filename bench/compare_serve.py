@@ -228,6 +228,8 @@ class Engine:
             env = {"CT2_VERBOSE": "1"}
             if a.isa:
                 env.update({"CT2_FORCE_CPU_ISA": a.isa.upper(), "ONEDNN_MAX_CPU_ISA": a.isa.upper()})
+            if a.ct2_isa:
+                env["CT2_FORCE_CPU_ISA"] = a.ct2_isa.upper()
             self.proc = serve_peer.start_lt(a.lt_python, a.workdir, port, a.precision, threads=a.threads,
                                             log=self.log, src=a.source, tgt=a.target, env_extra=env)
             ready = "/languages"
@@ -424,7 +426,8 @@ def markdown(summ, tg, meta, args):
     L.append(f"CPU: {cpu.get('Model name', '?')}, {cpu.get('CPU(s)', '?')} CPUs, ISA {cpu.get('isa', '?')}"
              + (f"; `{cpu['attn_version']}`" if cpu.get("attn_version") else "")
              + (f"; CTranslate2: {'; '.join(meta['ct2_cpu_log'])}" if meta.get("ct2_cpu_log") else "")
-             + (f"; forced ISA {args.isa}" if args.isa else "") + ".")
+             + (f"; forced ISA {args.isa}" if args.isa else "")
+             + (f"; CT2_FORCE_CPU_ISA={args.ct2_isa}" if args.ct2_isa else "") + ".")
     L.append(f"Closed loop: {args.seconds} s a level, 1-3 corpus sentences a request, medians of {args.rounds} "
              f"alternating round(s); server threads {args.threads}; ours --max-new-tokens {args.max_new_tokens}. "
              f"'other CPU s': busy CPU seconds of the rest of the machine during the level (0 on an idle machine).\n")
@@ -499,6 +502,8 @@ def main():
     ap.add_argument("--source", default="en")
     ap.add_argument("--target", default="de")
     ap.add_argument("--isa", default="", help="e.g. avx2: ATTN_CPU_ISA for ours, CT2_FORCE_CPU_ISA for CTranslate2")
+    ap.add_argument("--ct2-isa", default="",
+                    help="CTranslate2 only, e.g. AVX512 (on AMD CPUs it selects AVX2 by itself: see its log line)")
     ap.add_argument("--ours-extra", default="", help="more `attn serve` arguments, one string")
     ap.add_argument("--port-ours", type=int, default=5081)
     ap.add_argument("--port-lt", type=int, default=5082)

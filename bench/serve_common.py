@@ -35,9 +35,10 @@ class HttpError(Exception):
 class Conn:
     """One HTTP/1.1 connection to 127.0.0.1:port, reopened when the server closed it."""
 
-    def __init__(self, port, host=LOOPBACK):
+    def __init__(self, port, host=LOOPBACK, retry_stale=True):
         self.host, self.port = host, port
         self.reader = self.writer = None
+        self.retry_stale = retry_stale
 
     async def open(self):
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
@@ -101,7 +102,7 @@ class Conn:
         try:
             return await self._request(method, path, body, headers, keep_alive)
         except (HttpError, ConnectionResetError, BrokenPipeError, asyncio.IncompleteReadError) as e:
-            if not reused or (isinstance(e, HttpError) and "before a status line" not in str(e)):
+            if not (reused and self.retry_stale) or (isinstance(e, HttpError) and "before a status line" not in str(e)):
                 raise
             self.close()
             return await self._request(method, path, body, headers, keep_alive)

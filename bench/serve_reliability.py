@@ -46,7 +46,6 @@ import json
 import os
 import random
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -86,7 +85,7 @@ class Texts:
 
 
 def make_request(kind, texts, src, tgt):
-    """(body, sentences used, kind)."""
+    """(body, sentences used)."""
     if kind == "text":
         s = texts.take(1)
         return {"q": s[0], "source": src, "target": tgt, "format": "text"}, s
@@ -246,19 +245,21 @@ async def send_checked(port, conn, item, ref, whole, timeout):
             "payload": payload if not ok else None, "sents": sents}
 
 
-async def run_clients(port, items, clients, ref, whole, timeout, stop_event=None, t_start=None):
-    """Closed-loop clients working through items (a list, consumed in order); results in order of completion."""
-    results = []
-    it = iter(enumerate(items))
+async def run_clients(port, items, clients, ref, whole, timeout, stop_event=None, cycle=False, results=None):
+    """Closed-loop clients working through items (consumed in order; with cycle, over and over until
+    stop_event); results in order of completion (appended to `results` as they come)."""
+    import itertools
+    results = [] if results is None else results
+    it = iter(enumerate(itertools.cycle(items) if cycle else items))
 
     async def client():
-        conn = sc.Conn(port)
+        conn = sc.Conn(port, retry_stale=False)  # strict: a request the server drops is a failure
         for i, item in it:
             if stop_event is not None and stop_event.is_set():
                 break
             ts = time.perf_counter()
             r = await send_checked(port, conn, item, ref, whole, timeout)
-            r["i"], r["start"] = i, ts
+            r["i"], r["start"], r["end"] = i, ts, time.perf_counter()
             results.append(r)
         conn.close()
 
@@ -299,7 +300,8 @@ def summarize(results, items, ref, name):
         if r["ok"] and r.get("how"):
             hows[r["how"]] = hows.get(r["how"], 0) + 1
     lat = [r["secs"] for r in results]
-    detail = (f"{len(results)}/{len(items)} answered, {len(bad)} wrong or failed, {swapped(results, items, ref)} "
+    n200 = sum(1 for r in results if r["status"] == 200)
+    detail = (f"{len(items)} sent, {n200} answered 200, {len(bad)} wrong or failed, {swapped(results, items, ref)} "
               f"swapped, by kind (answered, right) {by_kind}, matched as {hows}, p50/p99 "
               f"{sc.percentile(lat, 0.5):.2f}/{sc.percentile(lat, 0.99):.2f} s")
     if bad:
@@ -343,15 +345,19 @@ def post_bytes(port, body: bytes, ctype="application/json", extra_headers=""):
             f"Content-Length: {len(body)}\r\nConnection: close\r\n{extra_headers}\r\n").encode() + body
 
 
-async def fault_list(port, args, texts):
+async def fault_list(port, args, texts, good_results):
     src, tgt = args.source, args.target
     out = []
+
+    t_last = [time.perf_counter()]
 
     def expect(name, got, ok_statuses, allow_closed=False):
         st = got[0] if isinstance(got, tuple) else got
         ok = st in ok_statuses or (allow_closed and st == "closed")
         body = got[1][:160] if isinstance(got, tuple) else b""
-        out.append((name, ok, f"answered {st} {body!r}"))
+        now = time.perf_counter()
+        out.append((name, ok, f"answered {st} {body!r} ({now - t_last[0]:.2f} s)"))
+        t_last[0] = now
 
     four = set(range(400, 500))
     # disconnect mid-body, and right after sending a whole request; give up after 50 ms
@@ -389,17 +395,21 @@ async def fault_list(port, args, texts):
     expect("unknown source xx -> 400", await raw_exchange(port, post_bytes(port, json.dumps(
         {"q": "Hello", "source": "xx", "target": tgt}).encode())), {400})
     # idle (half-open) connections held open while the rest goes on, and a half-closed request
-    idle = []
-    for _ in range(args.idle_connections):
+    async def idle_conn(i):
         try:
-            idle.append(socket.create_connection((sc.LOOPBACK, port), timeout=5))
-        except OSError:
-            break
-    for s in idle[::2]:
-        try:
-            s.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\n")  # half a request line block, never finished
-        except OSError:
-            pass
+            r, w = await asyncio.wait_for(asyncio.open_connection(sc.LOOPBACK, port), 10)
+        except (OSError, asyncio.TimeoutError):
+            return None
+        if i % 2:
+            w.write(b"POST /translate HTTP/1.1\r\nHost: x\r\n")  # a header block never finished
+        return w
+
+    idle = [w for w in await asyncio.gather(*(idle_conn(i) for i in range(args.idle_connections))) if w]
+    n0 = len(good_results)
+    await asyncio.sleep(args.idle_hold)
+    n1 = len(good_results)
+    out.append((f"{len(idle)} idle connections (half of them mid-headers) held open: others still answered", n1 > n0,
+                f"{n1 - n0} good answers in the {args.idle_hold:g} s they were held"))
     got = await raw_exchange(port, post_bytes(port, json.dumps({"q": texts.take(1)[0], "source": src,
                                                                 "target": tgt}).encode()), then="shutdown_wr", timeout=120)
     expect("request half-closed after sending (SHUT_WR) -> 200 or closed", got, {200}, allow_closed=True)
@@ -419,9 +429,8 @@ async def fault_list(port, args, texts):
                 ok = False
         out.append((f"{n:,} texts in one list -> 4xx or 200 with {n:,} ({time.perf_counter() - t:.1f} s)", ok,
                     f"answered {st}"))
-    out.append((f"{len(idle)} idle connections held open", True, "opened"))
-    for s in idle:
-        s.close()
+    for w in idle:
+        w.transport.abort()
     got = await stall
     out.append((f"stalled body ({args.stall_seconds:.0f} s)", True, f"ended with {got[0]}"))
     return out
@@ -433,9 +442,11 @@ def check_faults(srv, args, good_items, ref, whole, texts):
     async def both():
         nonlocal stop
         stop = asyncio.Event()
-        good = asyncio.create_task(run_clients(srv.port, good_items, 4, ref, whole, args.timeout, stop_event=stop))
+        results = []
+        good = asyncio.create_task(run_clients(srv.port, good_items, 4, ref, whole, args.timeout, stop_event=stop,
+                                               cycle=True, results=results))
         rss0 = srv.rss()
-        faults = await fault_list(srv.port, args, texts)
+        faults = await fault_list(srv.port, args, texts, results)
         rss1 = srv.rss()
         stop.set()
         return faults, await good, rss0, rss1
@@ -444,7 +455,7 @@ def check_faults(srv, args, good_items, ref, whole, texts):
     faults, good, rss0, rss1 = asyncio.run(both())
     for name, ok, detail in faults:
         report(f"fault: {name}", ok and srv.alive(), detail + ("" if srv.alive() else "; SERVER DIED"))
-    done = [it for it in good_items[: len(good)]]
+    done = [good_items[r["i"] % len(good_items)] for r in good]
     summarize(good, done, ref, f"faults: good requests answered right throughout ({time.perf_counter() - t:.1f} s)")
     report("faults: server still up", srv.alive(), f"RSS {rss0:.0f} -> {rss1:.0f} MB")
 
@@ -465,7 +476,7 @@ def check_soak(srv, args, texts, ref, whole):
 
     async def client(cid):
         nonlocal bad_sent
-        conn = sc.Conn(srv.port)
+        conn = sc.Conn(srv.port, retry_stale=False)
         while time.perf_counter() < deadline:
             if rng.random() < 0.05:
                 bad_sent += 1
@@ -476,8 +487,9 @@ def check_soak(srv, args, texts, ref, whole):
                 got = await raw_exchange(srv.port, BAD_BODIES[k](srv.port))
                 bad_status[str(got[0])] = bad_status.get(str(got[0]), 0) + 1
                 continue
-            kind, body, sents = item = make_request(rng.choice([k for k, w in MIX for _ in range(w)]), texts,
-                                                    args.source, args.target)
+            kind = rng.choice([k for k, w in MIX for _ in range(w)])
+            body, sents = make_request(kind, texts, args.source, args.target)
+            item = (kind, body, sents)
             items_all.append(item)
             r = await send_checked(srv.port, conn, item, ref, whole, args.timeout)
             r["t"] = time.perf_counter()
@@ -509,7 +521,8 @@ def check_sigterm(srv, args, items, ref, whole):
 
     async def run():
         stop = asyncio.Event()
-        task = asyncio.create_task(run_clients(srv.port, items, 32, ref, whole, args.timeout, stop_event=stop))
+        task = asyncio.create_task(run_clients(srv.port, items, 32, ref, whole, args.timeout, stop_event=stop,
+                                               cycle=True))
         await asyncio.sleep(args.sigterm_after)
         t_sig = time.perf_counter()
         os.kill(srv.proc.pid, signal.SIGTERM)
@@ -520,14 +533,15 @@ def check_sigterm(srv, args, items, ref, whole):
 
     res, t_sig = asyncio.run(run())
     before = [r for r in res if r["start"] <= t_sig - 0.1]
+    in_flight = [r for r in before if r["end"] > t_sig]
     bad = [r for r in before if not r["ok"]]
     t = time.perf_counter()
     try:
         rc = srv.proc.wait(60)
     except Exception:
         rc = None
-    report("sigterm: requests in flight at the signal answered 200 and right", before and not bad,
-           f"{len(before)} sent >= 0.1 s before it, {len(bad)} failed"
+    report("sigterm: requests in flight at the signal answered 200 and right", in_flight and not bad,
+           f"{len(before)} sent >= 0.1 s before it, {len(in_flight)} of them still in flight at it, {len(bad)} failed"
            + (f" (first: {bad[0]['status']} {bad[0]['why'][:150]})" if bad else "")
            + f"; {len(res) - len(before)} sent around/after it")
     report("sigterm: exit 0", rc == 0, f"exit code {rc}, {time.perf_counter() - t:.1f} s after the last answer")
@@ -550,6 +564,7 @@ def main():
     ap.add_argument("--big-body-mb", type=float, default=50, help="0: skip")
     ap.add_argument("--huge-list", type=int, default=10000, help="texts in the one huge list; 0: skip")
     ap.add_argument("--idle-connections", type=int, default=200)
+    ap.add_argument("--idle-hold", type=float, default=5, help="seconds the idle connections are held")
     ap.add_argument("--soak-seconds", type=float, default=0)
     ap.add_argument("--soak-clients", type=int, default=16)
     ap.add_argument("--sigterm-after", type=float, default=3.0)
