@@ -42,6 +42,13 @@ process) on the first --bulk-requests texts of the same pool, one request's text
 (--bulk-modes request), and one sentence a line (sentence: what the server does after splitting).
 Engines alternate ABAB over --rounds; the tables give medians over rounds.
 
+The machine is shared (2 cores; builds run next door): before each level, the open-loop run and
+the bulk path, the script waits (--wait-idle, up to 600 s) until the rest of the machine uses
+< 0.15 cores, reports the CPU seconds other processes took during each level ("other CPU s") and
+marks a level "busy machine!" when they exceed 10 % of its wall time. Measured 2026-12-05: with one
+rustc next door, CTranslate2's two intra threads (which spin at barriers) run the same
+translate_batch call 10-40x slower (0.9 s idle, 8-34 s contended): such figures mean nothing.
+
 Output lengths are reported per engine (output characters and target.spm tokens per sentence,
 and on the texts both answered, the ratio LibreTranslate / ours), since the engines do not write
 the same outputs (argos drops the source `</s>`, ranks with length penalty 0.2, and CTranslate2
@@ -195,7 +202,7 @@ def open_loop_stats(recs, rate, seconds, timeout, sampler, idle_rss):
     return {
         "rate": round(rate, 2), "seconds": seconds, "sent": len(recs), "by_status": by,
         "answered_200_429_503": answered, "all_answered": answered == len(recs),
-        "ok_per_s": round(len(ok) / seconds, 2),
+        "ok_per_s": round(len(ok) / wall, 2),  # over the time until the last answer (the queue drains after)
         "p50_ok": round(sc.percentile(ok, 0.5), 3) if ok else None,
         "p99_ok": round(sc.percentile(ok, 0.99), 3) if ok else None,
         "p99_refusal": round(sc.percentile(rej, 0.99), 3) if rej else None,
@@ -263,6 +270,7 @@ def run_engine_round(eng, args, pool, count_tokens, outputs):
         res["rss_idle_mb"] = round(sc.proc_mem_mb(pid)[0], 1)
         best_rps = 0.0
         for n in args.level_list:
+            waited = sc.wait_idle(args.wait_idle) if args.wait_idle > 0 else 0
             feed = Feed(pool)
             c0 = time.process_time()
             with sc.Sampler(pid) as smp:
@@ -270,6 +278,8 @@ def run_engine_round(eng, args, pool, count_tokens, outputs):
                                                args.target, keep_alive=not args.close_connections))
             st = level_stats(recs, args.seconds, smp, time.process_time() - c0, count_tokens)
             st["rss_peak_over_idle"] = round(st["rss_peak_mb"] / res["rss_idle_mb"], 2)
+            st["waited_for_idle_s"] = None if waited is None else round(waited, 1)
+            st["contended"] = st["other_cpu_s"] > 0.1 * st["wall_s"]
             res["levels"][n] = st
             best_rps = max(best_rps, st["req_per_s"])
             for r in recs:
@@ -280,6 +290,8 @@ def run_engine_round(eng, args, pool, count_tokens, outputs):
                   f"server CPU {st['server_cpu_s']} s, other processes' CPU {st['other_cpu_s']} s, RSS peak {st['rss_peak_mb']} MB", flush=True)
             time.sleep(1.0)
         if args.open_loop_seconds > 0:
+            if args.wait_idle > 0:
+                sc.wait_idle(args.wait_idle)
             rate = args.open_loop_rate or max(0.5, args.open_loop_factor * best_rps)
             feed = Feed(pool)
             with sc.Sampler(pid) as smp:
@@ -351,6 +363,7 @@ def summarize(rounds, bulk, args):
                 row[k] = med([l[k] for l in ls])
             for k in ("p50", "p90", "p99"):
                 row[k] = med_any([l[k] for l in ls])
+            row["contended_rounds"] = sum(1 for l in ls if l.get("contended"))
             errs = {}
             for l in ls:
                 for s, c in l["errors"].items():
@@ -439,14 +452,14 @@ def markdown(summ, tg, meta, args):
         if not e:
             continue
         for n, r in e["levels"].items():
-            L.append(f"| {eng} | {n} | {r['req_per_s']} | {r['sent_per_s']} | {r['out_tokens_per_s']} | {r['p50']} | "
+            L.append(f"| {eng} | {n}{' (busy machine!)' if r['contended_rounds'] else ''} | {r['req_per_s']} | {r['sent_per_s']} | {r['out_tokens_per_s']} | {r['p50']} | "
                      f"{r['p90']} | {r['p99']} | {r['errors'] or 0} | {r['server_cpu_s']} ({r['server_cpu_per_wall']}) | "
                      f"{r['client_cpu_s']} | {r['other_cpu_s']} | {e['rss_idle_mb']} / {r['rss_peak_mb']} | {r['out_chars_per_sentence']} "
                      f"({r['out_tokens_per_sentence']}) |")
     ols = [(eng, ol) for eng in args.engine_list if summ.get(eng) for ol in summ[eng].get("open_loop", [])]
     if ols:
         L.append("\nOpen loop (each request on a new connection):\n")
-        L.append("| engine | rate req/s | s | sent | by status | 200s/s | p50 / p99 of 200s s | p99 refusal s | "
+        L.append("| engine | rate req/s | s | sent | by status | 200s/s (to the last answer) | p50 / p99 of 200s s | p99 refusal s | "
                  "RSS idle / first 5 s / last 5 s / peak MB |")
         L.append("|---|---|---|---|---|---|---|---|---|")
         for eng, ol in ols:
@@ -505,6 +518,9 @@ def main():
     ap.add_argument("--ct2-isa", default="",
                     help="CTranslate2 only, e.g. AVX512 (on AMD CPUs it selects AVX2 by itself: see its log line)")
     ap.add_argument("--ours-extra", default="", help="more `attn serve` arguments, one string")
+    ap.add_argument("--wait-idle", type=float, default=600,
+                    help="before each level, wait up to this many s for the rest of the machine to be idle "
+                         "(< 0.15 busy cores); 0: don't wait. Levels measured with others busy are marked")
     ap.add_argument("--port-ours", type=int, default=5081)
     ap.add_argument("--port-lt", type=int, default=5082)
     ap.add_argument("--quick", action="store_true",
@@ -553,6 +569,8 @@ def main():
             if res.get("ct2_cpu_log"):
                 meta["ct2_cpu_log"] = res["ct2_cpu_log"]
         for mode in [m for m in args.bulk_modes.split(",") if m]:
+            if args.wait_idle > 0:
+                sc.wait_idle(args.wait_idle)
             b = run_bulk(args, pool, count_tokens, mode, f"{args.precision}_{rnd}")
             b["round"] = rnd
             bulk.append(b)

@@ -196,6 +196,27 @@ def machine_busy_s():
     return (sum(v[:8]) - v[3] - v[4]) / CLK_TCK
 
 
+def wait_idle(max_wait=600.0, threshold=0.15, window=3.0, quiet=False):
+    """Waits (up to max_wait s) until the machine's busy CPU, over `window` s, is below `threshold`
+    cores: on a shared 2-core machine a build next door slows CTranslate2's two spinning intra
+    threads 10-40x and any figure with it. Returns the seconds waited, or None if it never got idle."""
+    t0 = time.time()
+    told = False
+    while True:
+        b0 = machine_busy_s()
+        time.sleep(window)
+        busy = (machine_busy_s() - b0) / window
+        if busy < threshold:
+            return time.time() - t0
+        if time.time() - t0 > max_wait:
+            if not quiet:
+                print(f"  machine still busy ({busy:.2f} cores) after {max_wait:.0f} s: measuring anyway", flush=True)
+            return None
+        if not told and not quiet:
+            print(f"  waiting for an idle machine (busy: {busy:.2f} cores)...", flush=True)
+            told = True
+
+
 def loadavg():
     with open("/proc/loadavg") as f:
         return float(f.read().split()[0])
