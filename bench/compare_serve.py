@@ -240,10 +240,12 @@ class Engine:
             self.proc = serve_peer.start_lt(a.lt_python, a.workdir, port, a.precision, threads=a.threads,
                                             log=self.log, src=a.source, tgt=a.target, env_extra=env)
             ready = "/languages"
+        self.guard = sc.MemoryGuard(self.proc, a.rss_cap_mb)
         t = sc.wait_http(f"http://{sc.LOOPBACK}:{port}{ready}", self.proc, timeout=300)
         return t
 
     def stop(self):
+        self.guard.stop()
         rc = sc.stop_server(self.proc)
         self.log.close()
         return rc
@@ -518,6 +520,7 @@ def main():
     ap.add_argument("--ct2-isa", default="",
                     help="CTranslate2 only, e.g. AVX512 (on AMD CPUs it selects AVX2 by itself: see its log line)")
     ap.add_argument("--ours-extra", default="", help="more `attn serve` arguments, one string")
+    ap.add_argument("--rss-cap-mb", type=float, default=6000, help="a server past this RSS is killed (shared machine)")
     ap.add_argument("--wait-idle", type=float, default=600,
                     help="before each level, wait up to this many s for the rest of the machine to be idle "
                          "(< 0.15 busy cores); 0: don't wait. Levels measured with others busy are marked")

@@ -33,6 +33,7 @@ DELAY = float(os.environ.get("FAKE_ATTN_DELAY", "0.002"))  # seconds per sentenc
 MAX_BODY = 1 << 20
 MAX_LIST = 1000
 STOPPING = threading.Event()
+ACTIVE, LAST, ACTIVE_LOCK = [0], [0.0], threading.Lock()
 BUG = os.environ.get("FAKE_ATTN_BUG", "")  # "swap": 2 % of answers are another request's; "drop": 2 % dropped
 _last = {}
 _rng = __import__("random").Random(0)
@@ -78,6 +79,16 @@ class Handler(BaseHTTPRequestHandler):
         return self.reply(404, {"error": "Not Found"})
 
     def do_POST(self):
+        with ACTIVE_LOCK:
+            ACTIVE[0] += 1
+        try:
+            self._post()
+        finally:
+            with ACTIVE_LOCK:
+                ACTIVE[0] -= 1
+                LAST[0] = time.time()
+
+    def _post(self):
         if self.path != "/translate":
             return self.reply(405 if self.path in ("/health", "/languages") else 404, {"error": "Method Not Allowed"})
         n = int(self.headers.get("Content-Length") or 0)
@@ -149,12 +160,26 @@ def main():
                 f.write(line.upper() + "\n")
         return
     if argv[0] == "serve":
-        srv = ThreadingHTTPServer((arg(argv, "--host", "127.0.0.1"), int(arg(argv, "--port", "5000"))), Handler)
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 1024  # (5 by default: a burst of clients then waits in SYN retries)
+
+        srv = Server((arg(argv, "--host", "127.0.0.1"), int(arg(argv, "--port", "5000"))), Handler)
         srv.daemon_threads = False  # server_close() waits for the requests in flight
+
+        def drain_then_stop():
+            # graceful: a grace period of 2 s, then until no request has been in flight for 0.5 s
+            time.sleep(2.0)
+            while True:
+                with ACTIVE_LOCK:
+                    idle = ACTIVE[0] == 0 and time.time() - LAST[0] > 0.5
+                if idle:
+                    break
+                time.sleep(0.05)
+            srv.shutdown()
 
         def term(*_):
             STOPPING.set()
-            threading.Thread(target=srv.shutdown, daemon=True).start()
+            threading.Thread(target=drain_then_stop, daemon=True).start()
 
         signal.signal(signal.SIGTERM, term)
         srv.serve_forever()

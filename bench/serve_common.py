@@ -343,6 +343,37 @@ def _stop_started():
                     pass
 
 
+class MemoryGuard:
+    """Kills a server (its process group) whose RSS passes cap_mb: this machine's 24 GB are shared,
+    and a server that grows without bound (LibreTranslate on alternatives=100000 did: 24 GB, then
+    the kernel's OOM killer) must not take the builds next door with it."""
+
+    def __init__(self, proc, cap_mb=6000, every=0.2):
+        self.proc, self.cap, self.every = proc, cap_mb, every
+        self.killed_at_mb = None
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        while not self._stop.is_set() and self.proc.poll() is None:
+            try:
+                rss, _ = proc_mem_mb(self.proc.pid)
+            except (FileNotFoundError, ProcessLookupError):
+                return
+            if rss > self.cap:
+                self.killed_at_mb = rss
+                print(f"  MEMORY GUARD: server RSS {rss:.0f} MB > {self.cap} MB: killed", flush=True)
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                return
+            self._stop.wait(self.every)
+
+    def stop(self):
+        self._stop.set()
+
+
 def exit_on_signals():
     """SIGTERM and SIGHUP end the script through SystemExit, so finally blocks and atexit stop its servers."""
     def handler(signum, frame):

@@ -212,6 +212,7 @@ class Server:
             self.proc = serve_peer.start_lt(a.lt_python, a.workdir, self.port, "f32", threads=a.threads, log=self.log,
                                             src=a.source, tgt=a.target)
             ready = "/languages"
+        self.guard = sc.MemoryGuard(self.proc, a.rss_cap_mb)
         sc.wait_http(f"http://{sc.LOOPBACK}:{self.port}{ready}", self.proc, timeout=300)
         return self
 
@@ -345,7 +346,7 @@ def post_bytes(port, body: bytes, ctype="application/json", extra_headers=""):
             f"Content-Length: {len(body)}\r\nConnection: close\r\n{extra_headers}\r\n").encode() + body
 
 
-async def fault_list(port, args, texts, good_results):
+async def fault_list(port, args, texts, good_results, alive):
     src, tgt = args.source, args.target
     out = []
 
@@ -356,7 +357,8 @@ async def fault_list(port, args, texts, good_results):
         ok = st in ok_statuses or (allow_closed and st == "closed")
         body = got[1][:160] if isinstance(got, tuple) else b""
         now = time.perf_counter()
-        out.append((name, ok, f"answered {st} {body!r} ({now - t_last[0]:.2f} s)"))
+        up = alive()
+        out.append((name, ok and up, f"answered {st} {body!r} ({now - t_last[0]:.2f} s)" + ("" if up else "; SERVER DIED")))
         t_last[0] = now
 
     four = set(range(400, 500))
@@ -367,7 +369,8 @@ async def fault_list(port, args, texts, good_results):
         await raw_exchange(port, full[: len(full) - len(body) // 2], read=False)
         await raw_exchange(port, full, read=False)
         r = await raw_exchange(port, full, timeout=0.05)
-    out.append(("clients disconnecting mid-body / after sending / timing out after 50 ms (10 each)", True, "sent"))
+    out.append(("clients disconnecting mid-body / after sending / timing out after 50 ms (10 each)", alive(),
+                "sent" + ("" if alive() else "; SERVER DIED")))
     # a body that stalls: Content-Length 1000, 10 bytes, then silence (the server may time it out)
     stall = asyncio.create_task(raw_exchange(
         port, post_bytes(port, b"x" * 1000)[: -990], timeout=args.stall_seconds))
@@ -386,9 +389,11 @@ async def fault_list(port, args, texts, good_results):
         got = await raw_exchange(port, post_bytes(port, big), timeout=120)
         expect(f"{args.big_body_mb:g} MB body -> 413/400 (or closed) ({time.perf_counter() - t:.1f} s)", got,
                {413, 400}, allow_closed=True)
-    # alternatives=100000
-    expect("alternatives=100000 -> 400", await raw_exchange(port, post_bytes(port, json.dumps(
-        {"q": "Hello world.", "source": src, "target": tgt, "alternatives": 100000}).encode())), {400})
+    # alternatives=100000 (LibreTranslate 1.9.6 with its defaults takes it: CTranslate2 is asked for a beam of
+    # 100001 and the process grows until the kernel kills it -- 24 GB here, 2026-12-05; never send it there)
+    if "alternatives" not in args.skip_faults:
+        expect("alternatives=100000 -> 400", await raw_exchange(port, post_bytes(port, json.dumps(
+            {"q": "Hello world.", "source": src, "target": tgt, "alternatives": 100000}).encode())), {400})
     # unknown languages
     expect("unknown target zz -> 400", await raw_exchange(port, post_bytes(port, json.dumps(
         {"q": "Hello", "source": src, "target": "zz"}).encode())), {400})
@@ -446,7 +451,7 @@ def check_faults(srv, args, good_items, ref, whole, texts):
         good = asyncio.create_task(run_clients(srv.port, good_items, 4, ref, whole, args.timeout, stop_event=stop,
                                                cycle=True, results=results))
         rss0 = srv.rss()
-        faults = await fault_list(srv.port, args, texts, results)
+        faults = await fault_list(srv.port, args, texts, results, srv.alive)
         rss1 = srv.rss()
         stop.set()
         return faults, await good, rss0, rss1
@@ -454,7 +459,7 @@ def check_faults(srv, args, good_items, ref, whole, texts):
     t = time.perf_counter()
     faults, good, rss0, rss1 = asyncio.run(both())
     for name, ok, detail in faults:
-        report(f"fault: {name}", ok and srv.alive(), detail + ("" if srv.alive() else "; SERVER DIED"))
+        report(f"fault: {name}", ok, detail)
     done = [good_items[r["i"] % len(good_items)] for r in good]
     summarize(good, done, ref, f"faults: good requests answered right throughout ({time.perf_counter() - t:.1f} s)")
     report("faults: server still up", srv.alive(), f"RSS {rss0:.0f} -> {rss1:.0f} MB")
@@ -575,6 +580,8 @@ def main():
     ap.add_argument("--source", default="en")
     ap.add_argument("--target", default="de")
     ap.add_argument("--port", type=int, default=5091)
+    ap.add_argument("--rss-cap-mb", type=float, default=6000, help="the server is killed past this RSS (a FAIL)")
+    ap.add_argument("--skip-faults", default="", help="e.g. alternatives (always skipped for --engine libretranslate)")
     ap.add_argument("--no-reference", action="store_true",
                     help="check statuses and shapes only (e.g. against LibreTranslate, to test this script)")
     ap.add_argument("--seed", type=int, default=0)
@@ -582,6 +589,9 @@ def main():
     args = ap.parse_args()
     sc.exit_on_signals()
     random.seed(args.seed)
+    args.skip_faults = set(x for x in args.skip_faults.split(",") if x)
+    if args.engine == "libretranslate":
+        args.skip_faults.add("alternatives")  # it would be OOM-killed (see fault_list)
     checks = [c for c in args.checks.split(",") if c]
     if args.soak_seconds <= 0 and "soak" in checks:
         checks.remove("soak")
@@ -612,6 +622,9 @@ def main():
             check_sigterm(srv, args, sig, ref, whole)
     finally:
         srv.stop()
+    if srv.guard.killed_at_mb:
+        report(f"memory: server stayed under {args.rss_cap_mb:.0f} MB", False,
+               f"killed by the memory guard at {srv.guard.killed_at_mb:.0f} MB")
     n_fail = sum(not r["pass"] for r in RESULTS)
     print(f"\n{len(RESULTS) - n_fail} passed, {n_fail} failed")
     if args.json:
