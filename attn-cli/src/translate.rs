@@ -27,13 +27,13 @@ pub struct TranslateArgs {
     /// NLLB-200 / M2M100 / mBART-50 with --source-lang and --target-lang.
     #[arg(long, value_name = "DIR|ORG/NAME")]
     model: Option<PathBuf>,
-    /// With --model: the language of the texts, as the family spells it (eng_Latn, en, en_XX;
-    /// `attn inspect DIR` lists them) or as ISO 639-1 (en). Needed for NLLB-200, M2M100 and
-    /// mBART-50; for MarianMT it must name the directory's own source language.
+    /// With a multilingual --model (NLLB-200, M2M100, mBART-50, a multi-target opus-mt model):
+    /// the language of the texts, as the family spells it (eng_Latn, en, en_XX; `attn inspect
+    /// DIR` lists them) or as ISO 639-1 (en).
     #[arg(long, requires = "model", value_name = "CODE")]
     source_lang: Option<String>,
-    /// With --model: the language to translate into (as --source-lang); for a multi-target
-    /// MarianMT model, one of its >>xx<< targets (e.g. fra or fr).
+    /// With a multilingual --model: the language to translate into (as --source-lang; for a
+    /// multi-target opus-mt model, one of its >>xx<< targets, e.g. fra or fr).
     #[arg(long, requires = "model", value_name = "CODE")]
     target_lang: Option<String>,
     /// Beam width (1 = greedy). Default: 1 for the shipped model; the directory's
@@ -206,13 +206,21 @@ fn run_model(args: &TranslateArgs, model: &std::path::Path, heads: Heads) -> any
             args.n_best
         );
     }
+    // A one-pair model (an opus-mt directory) translates its pair and takes no languages;
+    // a multilingual one (or a multi-target opus-mt model) needs them named.
+    let one_pair = translator.default_pair().is_some() || translator.source_languages().is_empty();
     let pair = match (&args.source_lang, &args.target_lang) {
+        (Some(_), _) | (_, Some(_)) if one_pair => anyhow::bail!(
+            "{} is a {} directory, which translates one language pair{}: --source-lang and \
+             --target-lang are for multilingual models (NLLB-200, M2M100, mBART-50)",
+            model.display(),
+            translator.family_name(),
+            translator
+                .default_pair()
+                .map_or(String::new(), |(s, t)| format!(" ({s} -> {t})"))
+        ),
         (Some(source), Some(target)) => Some((source.clone(), target.clone())),
-        (None, None)
-            if translator.default_pair().is_some() || translator.source_languages().is_empty() =>
-        {
-            None
-        }
+        (None, None) if one_pair => None,
         (None, None) => anyhow::bail!(
             "{} is a {} model: give the languages with --source-lang and --target-lang \
              (codes as the family spells them, e.g. {}, or ISO 639-1; `attn inspect {}` lists \
