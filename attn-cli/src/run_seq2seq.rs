@@ -10,12 +10,9 @@ use candle_attention::save_tensors;
 use candle_attention::TensorFile;
 use std::path::{Path, PathBuf};
 
+/// What `run marian` and `run seq2seq` share: the ids in, the outputs out, where and how.
 #[derive(clap::Args, Debug)]
-pub struct RunMarianArgs {
-    /// A MarianMT directory (config.json's model_type marian): config.json and
-    /// model.safetensors or pytorch_model.bin.
-    #[arg(long, value_name = "DIR")]
-    model: PathBuf,
+pub struct ForwardArgs {
     /// A safetensors file with int64 `input_ids` and `attention_mask` (B, S; 1 = token, 0 =
     /// padding) and `decoder_input_ids` (B, T), as transformers' tokenizer returns them.
     #[arg(long, value_name = "FILE")]
@@ -30,6 +27,16 @@ pub struct RunMarianArgs {
     device: crate::DeviceArg,
     #[command(flatten)]
     precision: PrecisionArgs,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunMarianArgs {
+    /// A MarianMT directory (config.json's model_type marian): config.json and
+    /// model.safetensors or pytorch_model.bin.
+    #[arg(long, value_name = "DIR")]
+    model: PathBuf,
+    #[command(flatten)]
+    forward: ForwardArgs,
 }
 
 #[derive(clap::Args, Debug)]
@@ -38,41 +45,35 @@ pub struct RunSeq2SeqArgs {
     /// M2M100 and NLLB-200, or mbart) with model.safetensors or pytorch_model.bin.
     #[arg(long, value_name = "DIR")]
     model: PathBuf,
-    /// A safetensors file with int64 `input_ids` and `attention_mask` (B, S; 1 = token, 0 =
-    /// padding) and `decoder_input_ids` (B, T), as transformers' tokenizer returns them.
-    #[arg(long, value_name = "FILE")]
-    inputs: PathBuf,
-    /// The safetensors file to write (replaced if present): f32 `logits` (B, T, V) and
-    /// `encoder_last_hidden_state` (B, S, d_model).
-    #[arg(long, value_name = "FILE")]
-    output: PathBuf,
-    /// Where to compute: cpu, cuda or metal (the GPU ones need a build with that cargo
-    /// feature).
-    #[arg(long, value_enum, default_value = "cpu")]
-    device: crate::DeviceArg,
     #[command(flatten)]
-    precision: PrecisionArgs,
+    forward: ForwardArgs,
 }
 
 /// `attn run marian`: a MarianMT directory (refusing any other family).
 pub fn run_marian(args: &RunMarianArgs) -> anyhow::Result<()> {
-    let device = args.device.device()?;
+    let device = args.forward.device.device()?;
     let dir = crate::model_source::resolve_model(&args.model)?;
-    let model = load_marian(&dir, &device, args.precision.precision())?;
-    forward_to_file(&model, "MarianMT", &args.inputs, &args.output, &device)
+    let model = load_marian(&dir, &device, args.forward.precision.precision())?;
+    forward_to_file(
+        &model,
+        "MarianMT",
+        &args.forward.inputs,
+        &args.forward.output,
+        &device,
+    )
 }
 
 /// `attn run seq2seq`: `model(input_ids, attention_mask, decoder_input_ids)` of any supported
 /// family, as `attn run marian` does for MarianMT.
 pub fn run_seq2seq(args: &RunSeq2SeqArgs) -> anyhow::Result<()> {
-    let device = args.device.device()?;
+    let device = args.forward.device.device()?;
     let dir = crate::model_source::resolve_model(&args.model)?;
-    let model = AnyModel::load(&dir, &device, args.precision.precision())?;
+    let model = AnyModel::load(&dir, &device, args.forward.precision.precision())?;
     forward_to_file(
         model.model(),
         model.family_name(),
-        &args.inputs,
-        &args.output,
+        &args.forward.inputs,
+        &args.forward.output,
         &device,
     )
 }
