@@ -117,12 +117,8 @@ pub fn generate_hypotheses<M: StepDecoder>(
     batch: usize,
     cfg: &GenerationConfig,
 ) -> Result<Vec<Vec<Hypothesis>>> {
-    // Settings that cannot run are an error even for an empty batch.
-    cfg.resolve()?;
-    if batch == 0 {
-        return Ok(Vec::new());
-    }
-    // The loops feed one token per row at lengths 1 .. max_length - 1 (Search::new reserves).
+    // Search::new resolves the settings (an error even for an empty batch, which it then
+    // hands back at once) and reserves the caches for lengths 1 .. max_length - 1.
     let mut search = Search::new(model, &mut state, batch, cfg)?;
     let mut out: Vec<Vec<Hypothesis>> = vec![Vec::new(); batch];
     while !search.is_done() {

@@ -99,19 +99,8 @@ impl<'t> Continuous<'t> {
         options: &TranslateOptions,
     ) -> Result<(), TranslateError> {
         let request = self.translator.request(pair, options)?;
-        self.push_request(tag, text, &request, options)
-    }
-
-    /// [`Continuous::push`] with the request already resolved.
-    pub(crate) fn push_request(
-        &mut self,
-        tag: u64,
-        text: &str,
-        request: &Request,
-        options: &TranslateOptions,
-    ) -> Result<(), TranslateError> {
-        let ids = self.translator.encode(request, text)?;
-        self.push_ids(tag, ids, request, options);
+        let ids = self.translator.encode(&request, text)?;
+        self.push_ids(tag, ids, &request, options);
         Ok(())
     }
 
