@@ -12,7 +12,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The server's row cap and token budget per cohort: smaller than the bulk path's, so that
+/// memory under load stays near its size at rest (see docs/serving.md, "Memory").
+const DEFAULT_SERVE_BATCH_ROWS: usize = 64;
+const DEFAULT_SERVE_BATCH_TOKENS: usize = 768;
+
 /// `attn serve --help`: examples and a systemd unit, after the options.
+
 const EXAMPLES: &str = "\
 Examples:
   attn serve --model opus-mt-en-de
@@ -83,9 +89,12 @@ pub struct ServeArgs {
     /// --dtype and --quantize.
     #[command(flatten)]
     precision: PrecisionArgs,
-    /// Most padded source tokens (rows × longest row) in one running batch.
-    #[arg(long, value_name = "N", default_value_t = crate::translate::DEFAULT_MAX_BATCH_TOKENS)]
+    /// Most padded source tokens (sentences × longest sentence) starting to decode together.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_SERVE_BATCH_TOKENS)]
     max_batch_tokens: usize,
+    /// Most decoder rows (sentences × beams) decoding at once: working memory grows with it.
+    #[arg(long, value_name = "ROWS", default_value_t = DEFAULT_SERVE_BATCH_ROWS)]
+    max_batch_rows: usize,
     /// Most sentences waiting for the batch; a request beyond it is answered at once with 429
     /// and Retry-After, never queued.
     #[arg(long, value_name = "SENTENCES", default_value_t = 4096)]
@@ -305,6 +314,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     if args.beam == Some(0) {
         bail!("--beam must be at least 1");
     }
+    if args.max_batch_tokens == 0 || args.max_batch_rows == 0 {
+        bail!("--max-batch-tokens and --max-batch-rows must be at least 1");
+    }
     let settings = settings(args)?;
     let specs = args
         .models
@@ -316,6 +328,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         max_new_tokens: args.max_new_tokens,
         precision: args.precision.precision(),
         max_batch_tokens: args.max_batch_tokens,
+        max_batch_rows: args.max_batch_rows,
         max_queue: args.max_queue,
         languages: args.languages.clone(),
     };

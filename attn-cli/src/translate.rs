@@ -11,6 +11,8 @@ use std::path::PathBuf;
 
 /// Default of `--max-batch-tokens`.
 pub const DEFAULT_MAX_BATCH_TOKENS: usize = candle_attention::translator::DEFAULT_MAX_BATCH_TOKENS;
+/// The library's default row cap.
+pub const MAX_BATCH_ROWS: usize = candle_attention::translator::MAX_BATCH_ROWS;
 
 /// Default of `--window`.
 pub const DEFAULT_WINDOW: usize = 1024;
@@ -72,6 +74,10 @@ pub struct TranslateArgs {
     /// are read ahead, sorted by length and batched within this budget.
     #[arg(long, requires = "model", value_name = "N", default_value_t = DEFAULT_MAX_BATCH_TOKENS)]
     max_batch_tokens: usize,
+    /// With --model: the most decoder rows (lines × beams) decoding at once; working memory
+    /// grows with it.
+    #[arg(long, requires = "model", value_name = "ROWS", default_value_t = MAX_BATCH_ROWS)]
+    max_batch_rows: usize,
     /// With --model: lines read ahead and sorted together (memory grows with it, not with
     /// the input).
     #[arg(long, requires = "model", value_name = "LINES", default_value_t = DEFAULT_WINDOW)]
@@ -181,8 +187,8 @@ fn run_model(args: &TranslateArgs, model: &std::path::Path, heads: Heads) -> any
     if args.alignments && args.format != bulk::Format::Jsonl {
         anyhow::bail!("--alignments needs --format jsonl");
     }
-    if args.max_batch_tokens == 0 || args.window == 0 {
-        anyhow::bail!("--max-batch-tokens and --window must be at least 1");
+    if args.max_batch_tokens == 0 || args.max_batch_rows == 0 || args.window == 0 {
+        anyhow::bail!("--max-batch-tokens, --max-batch-rows and --window must be at least 1");
     }
     if args.max_new_tokens == Some(0) {
         anyhow::bail!("--max-new-tokens must be at least 1");
@@ -191,7 +197,8 @@ fn run_model(args: &TranslateArgs, model: &std::path::Path, heads: Heads) -> any
     let mut builder = Translator::builder(model)
         .precision(args.precision.precision())
         .device(args.device.device()?)
-        .max_batch_tokens(args.max_batch_tokens);
+        .max_batch_tokens(args.max_batch_tokens)
+        .max_batch_rows(args.max_batch_rows);
     if let Some(beam) = args.beam {
         builder = builder.beam(beam);
     }

@@ -21,6 +21,7 @@ fn options(max_queue: usize) -> EngineOptions {
         max_new_tokens: None,
         precision: Precision::F32,
         max_batch_tokens: 4096,
+        max_batch_rows: 64,
         max_queue,
         languages: Vec::new(),
     }

@@ -18,7 +18,8 @@ use crate::generation::{GenerationConfig, Hypothesis, Search};
 use crate::models::encoder_decoder::DecodeState;
 use std::collections::VecDeque;
 
-/// The most decoder rows (texts × beams) decoding at once, whatever the token budget allows.
+/// The default most decoder rows (texts × beams) decoding at once, whatever the token budget
+/// allows ([`TranslatorBuilder::max_batch_rows`](super::TranslatorBuilder::max_batch_rows)).
 /// Every row holds its self- and cross-attention caches (beam search copies them at each step)
 /// and a step's log-probabilities (232 KB a row for a 58,101-token vocabulary): the short texts
 /// of a large call would otherwise make batches of a thousand rows, 1.2–1.6 GB resident for a
@@ -77,14 +78,13 @@ pub struct Continuous<'t> {
 }
 
 impl<'t> Continuous<'t> {
-    /// An empty running batch over a translator's model (its token budget, [`MAX_BATCH_ROWS`]
-    /// rows): [`Translator::continuous`](super::Translator::continuous).
+    /// An empty running batch over a translator's model (its token budget and row cap): [`Translator::continuous`](super::Translator::continuous).
     pub(crate) fn over(translator: &'t Core) -> Self {
         Self {
             translator,
             waiting: VecDeque::new(),
             cohorts: Vec::new(),
-            max_rows: MAX_BATCH_ROWS,
+            max_rows: translator.max_batch_rows,
             tokens_generated: 0,
         }
     }

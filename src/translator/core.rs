@@ -26,6 +26,7 @@ pub(crate) struct Core {
     pub(crate) model: Model,
     pub(crate) generation: GenerationConfig,
     pub(crate) max_batch_tokens: usize,
+    pub(crate) max_batch_rows: usize,
     pub(crate) sources: Vec<Language>,
     pub(crate) targets: Vec<Language>,
 }
@@ -86,6 +87,7 @@ impl Core {
             model,
             generation,
             max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
+            max_batch_rows: super::MAX_BATCH_ROWS,
             sources,
             targets,
         })

@@ -67,6 +67,7 @@ pub struct TranslatorBuilder {
     beam: Option<usize>,
     max_new_tokens: Option<usize>,
     max_batch_tokens: usize,
+    max_batch_rows: usize,
 }
 
 impl TranslatorBuilder {
@@ -103,11 +104,22 @@ impl TranslatorBuilder {
         self
     }
 
+    /// The most decoder rows (texts × beams) decoding at once (default [`MAX_BATCH_ROWS`]).
+    /// Working memory grows with it (each row holds its attention caches and a step's
+    /// log-probabilities over the vocabulary); fewer rows mean smaller matrix products.
+    pub fn max_batch_rows(mut self, max_batch_rows: usize) -> Self {
+        self.max_batch_rows = max_batch_rows;
+        self
+    }
+
     /// Loads the model: a directory, or (feature `hub`) a hub id `ORG/NAME[@REVISION]`
     /// resolved through the Hugging Face cache.
     pub fn build(self) -> candle::Result<Translator> {
         if self.max_batch_tokens == 0 {
             candle::bail!("max_batch_tokens must be at least 1")
+        }
+        if self.max_batch_rows == 0 {
+            candle::bail!("max_batch_rows must be at least 1")
         }
         if self.beam == Some(0) {
             candle::bail!("the beam width must be at least 1")
@@ -118,6 +130,7 @@ impl TranslatorBuilder {
         let dir = locate(&self.model)?;
         let mut core = Core::load(&dir, self.precision, &self.device)?;
         core.max_batch_tokens = self.max_batch_tokens;
+        core.max_batch_rows = self.max_batch_rows;
         if let Some(beam) = self.beam {
             core.generation = core.generation.clone().with_num_beams(beam);
         }
@@ -177,6 +190,7 @@ impl Translator {
             beam: None,
             max_new_tokens: None,
             max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
+            max_batch_rows: MAX_BATCH_ROWS,
         }
     }
 
@@ -206,6 +220,11 @@ impl Translator {
     /// The batch budget in padded source tokens.
     pub fn max_batch_tokens(&self) -> usize {
         self.core.max_batch_tokens
+    }
+
+    /// The most decoder rows (texts × beams) decoding at once.
+    pub fn max_batch_rows(&self) -> usize {
+        self.core.max_batch_rows
     }
 
     /// Translates `texts` with the model's own pair (a MarianMT directory; a multilingual

@@ -43,10 +43,37 @@ pub struct EngineOptions {
     pub precision: Precision,
     /// Padded source tokens per cohort.
     pub max_batch_tokens: usize,
+    /// Decoder rows (sentences × beams) decoding at once, per model.
+    pub max_batch_rows: usize,
     /// The most sentences waiting for a place in the running batch; beyond, jobs are refused.
     pub max_queue: usize,
     /// API codes to serve (all the models have, when empty).
     pub languages: Vec<String>,
+}
+
+/// Texts of the warm-up (see [`warm_up`]): enough source tokens for the encoder's products to
+/// count as large ones.
+const WARM_UP_TEXTS: usize = 24;
+
+/// Runs two short batches through a model before the server says it is ready: what the first
+/// busy seconds would do anyway (the weights multiplied by many rows are packed into panels,
+/// the first buffers are touched) happens at load, so that the first requests are not slower
+/// and the resident memory at rest is what the server works with (see docs/serving.md,
+/// "Memory").
+fn warm_up(translator: &Translator, route: &Route) -> anyhow::Result<()> {
+    let text = "The committee will publish its annual report on the state of the national \
+                parks, with figures for every region, early next year.";
+    let texts = vec![text; WARM_UP_TEXTS];
+    let options = TranslateOptions {
+        max_new_tokens: Some(4),
+        ..TranslateOptions::default()
+    };
+    for _ in 0..2 {
+        for result in translator.translate_pair(&texts, &route.source, &route.target, &options)? {
+            result?;
+        }
+    }
+    Ok(())
 }
 
 /// Where a pair of API codes is translated: the model and its codes for the two languages.
@@ -109,6 +136,7 @@ impl Engine {
             let mut builder = Translator::builder(&spec.model)
                 .precision(options.precision)
                 .max_batch_tokens(options.max_batch_tokens)
+                .max_batch_rows(options.max_batch_rows)
                 .beam(options.beam.unwrap_or(4));
             if let Some(n) = options.max_new_tokens {
                 builder = builder.max_new_tokens(n);
@@ -195,6 +223,13 @@ impl Engine {
                 }
             })
             .collect();
+        for (index, translator) in translators.iter().enumerate() {
+            if let Some(route) = routes.values().find(|r| r.model == index) {
+                warm_up(translator, route).with_context(|| {
+                    format!("warming up --model {}", models[index].model.display())
+                })?;
+            }
+        }
         let beam = translators
             .iter()
             .map(|t| t.generation_config().num_beams.unwrap_or(1))
