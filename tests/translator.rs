@@ -346,4 +346,33 @@ fn the_row_cap_holds_for_a_large_call() {
         most <= MAX_BATCH_ROWS && most > MAX_BATCH_ROWS / 2,
         "{most}"
     );
+
+    // A cap of its own (a server's): held, and the results are the default cap's.
+    let capped = Translator::builder(fixture("marian_e2e"))
+        .max_new_tokens(3)
+        .max_batch_rows(7)
+        .build()
+        .unwrap();
+    assert_eq!(capped.max_batch_rows(), 7);
+    let mut running = capped.continuous();
+    let texts: Vec<String> = (0..40).map(|i| format!("{i} {}", i * 7)).collect();
+    for (i, text) in texts.iter().enumerate() {
+        running.push(i as u64, text, None, &options).unwrap();
+    }
+    let mut got: Vec<Option<String>> = vec![None; texts.len()];
+    let mut most = 0;
+    while !running.is_idle() {
+        for (tag, result) in running.step() {
+            got[tag as usize] = Some(result.unwrap().text);
+        }
+        most = most.max(running.running_rows());
+    }
+    assert!(most <= 7 && most >= 6, "{most} rows at beam 3 under a cap of 7");
+    let want = texts_of(m.translate(&texts, &options).unwrap());
+    assert_eq!(got.into_iter().map(Option::unwrap).collect::<Vec<_>>(), want);
+    let err = Translator::builder(fixture("marian_e2e"))
+        .max_batch_rows(0)
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("max_batch_rows"), "{err}");
 }

@@ -102,6 +102,52 @@ struct Shared {
     queued: AtomicUsize,
     running_rows: AtomicUsize,
     tokens: AtomicU64,
+    /// Sentences not yet answered: in the inbox, waiting in a batch or decoding.
+    ahead: AtomicUsize,
+    /// Sentences a second the engine finishes when its batches are full, in thousandths
+    /// (0: not measured yet); see [`Capacity`].
+    capacity_milli: AtomicU64,
+}
+
+/// The engine's measured capacity: sentences finished a second over windows of at least
+/// [`Capacity::WINDOW`] during which work was waiting for room throughout (a window with room
+/// to spare measures the clients, not the engine). Smoothed over windows.
+struct Capacity {
+    start: Instant,
+    finished: usize,
+    saturated: bool,
+}
+
+impl Capacity {
+    const WINDOW: Duration = Duration::from_secs(2);
+
+    fn new() -> Self {
+        Self {
+            start: Instant::now(),
+            finished: 0,
+            saturated: true,
+        }
+    }
+
+    /// After a step that finished `finished` sentences, with `waiting` sentences still waiting
+    /// for room.
+    fn record(&mut self, shared: &Shared, finished: usize, waiting: usize) {
+        self.finished += finished;
+        self.saturated &= waiting > 0;
+        let elapsed = self.start.elapsed();
+        if elapsed < Self::WINDOW {
+            return;
+        }
+        if self.saturated && self.finished > 0 {
+            let rate = self.finished as f64 / elapsed.as_secs_f64();
+            let old = shared.capacity_milli.load(Ordering::Relaxed) as f64 / 1000.0;
+            let smoothed = if old > 0.0 { 0.5 * old + 0.5 * rate } else { rate };
+            shared
+                .capacity_milli
+                .store((smoothed * 1000.0).round().max(1.0) as u64, Ordering::Relaxed);
+        }
+        *self = Self::new();
+    }
 }
 
 #[derive(Default)]
@@ -241,6 +287,8 @@ impl Engine {
             queued: AtomicUsize::new(0),
             running_rows: AtomicUsize::new(0),
             tokens: AtomicU64::new(0),
+            ahead: AtomicUsize::new(0),
+            capacity_milli: AtomicU64::new(0),
         });
         let worker = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -292,6 +340,15 @@ impl Backend for Engine {
             let retry_after_secs = (queued / running).clamp(1, 30) as u64;
             return Err(SubmitError::Overloaded { retry_after_secs });
         }
+        // Bounded in time too: a job that the measured capacity cannot finish before its
+        // deadline is refused now, rather than answered "timed out" when the deadline comes
+        // (above capacity the queue would otherwise fill up with requests that all time out).
+        let capacity = self.shared.capacity_milli.load(Ordering::Relaxed) as f64 / 1000.0;
+        let ahead = self.shared.ahead.load(Ordering::SeqCst) + inbox_sentences(&inbox);
+        let left = job.deadline.saturating_duration_since(Instant::now());
+        if let Some(retry_after_secs) = too_late(capacity, ahead, n, left) {
+            return Err(SubmitError::Overloaded { retry_after_secs });
+        }
         let (tx, rx) = oneshot::channel();
         self.shared.queued.fetch_add(n, Ordering::SeqCst);
         inbox.jobs.push_back((job, route, tx));
@@ -324,6 +381,23 @@ impl Drop for Engine {
     }
 }
 
+/// The `Retry-After` for a job of `n` sentences behind `ahead` others that an engine finishing
+/// `capacity` sentences a second (0: not measured) cannot finish within `left`; `None` when it
+/// can, when nothing is ahead of it, or when the capacity is unknown.
+fn too_late(capacity: f64, ahead: usize, n: usize, left: Duration) -> Option<u64> {
+    if capacity <= 0.0 || ahead == 0 {
+        return None;
+    }
+    let wait = (ahead + n) as f64 / capacity;
+    let left = left.as_secs_f64();
+    (wait > left).then(|| ((wait - left).ceil() as u64).clamp(1, 60))
+}
+
+/// Sentences of the jobs in the inbox.
+fn inbox_sentences(inbox: &Inbox) -> usize {
+    inbox.jobs.iter().map(|j| j.0.sentences.len()).sum()
+}
+
 /// The decoding loop: takes jobs in, steps every model with work, answers finished jobs, drops
 /// the sentences of jobs nobody waits for any more.
 fn run(shared: &Shared, translators: &[Arc<Translator>]) {
@@ -333,6 +407,7 @@ fn run(shared: &Shared, translators: &[Arc<Translator>]) {
     let mut owner: HashMap<u64, (u64, usize)> = HashMap::new();
     let mut next_job = 0u64;
     let mut next_tag = 0u64;
+    let mut capacity = Capacity::new();
     loop {
         let arrived = {
             let mut inbox = shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
@@ -408,7 +483,7 @@ fn run(shared: &Shared, translators: &[Arc<Translator>]) {
                     }
                 }
             }
-            publish(shared, &batches);
+            publish(shared, &batches, owner.len());
         }
         for id in gone {
             if let Some(mut job) = jobs.remove(&id) {
@@ -422,8 +497,10 @@ fn run(shared: &Shared, translators: &[Arc<Translator>]) {
             }
         }
         // One step of every model with work.
+        let mut finished = 0;
         for batch in batches.iter_mut().filter(|b| !b.is_idle()) {
             for (tag, result) in batch.step() {
+                finished += 1;
                 let Some((id, i)) = owner.remove(&tag) else {
                     continue;
                 };
@@ -446,8 +523,9 @@ fn run(shared: &Shared, translators: &[Arc<Translator>]) {
                 }
             }
         }
+        capacity.record(shared, finished, batches.iter().map(Continuous::waiting).sum());
         // The gauges first, so that whoever is answered next sees them current.
-        publish(shared, &batches);
+        publish(shared, &batches, owner.len());
         // Answer the jobs that are complete.
         let complete: Vec<u64> = jobs
             .iter()
@@ -487,13 +565,14 @@ fn run(shared: &Shared, translators: &[Arc<Translator>]) {
 
 /// Stores the gauges (sentences waiting, rows running, tokens generated) for the HTTP side; called
 /// before any job is answered, so that whoever is answered sees them current.
-fn publish(shared: &Shared, batches: &[Continuous<'_>]) {
+fn publish(shared: &Shared, batches: &[Continuous<'_>], decoding: usize) {
     let waiting: usize = batches.iter().map(Continuous::waiting).sum();
     let inbox: usize = shared
         .inbox
         .lock()
-        .map(|i| i.jobs.iter().map(|j| j.0.sentences.len()).sum())
+        .map(|i| inbox_sentences(&i))
         .unwrap_or(0);
+    shared.ahead.store(decoding, Ordering::SeqCst);
     shared.queued.store(waiting + inbox, Ordering::SeqCst);
     shared.running_rows.store(
         batches.iter().map(Continuous::running_rows).sum(),
@@ -503,4 +582,49 @@ fn publish(shared: &Shared, batches: &[Continuous<'_>]) {
         batches.iter().map(Continuous::tokens_generated).sum(),
         Ordering::SeqCst,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_the_capacity_cannot_finish_in_time_is_refused_with_the_wait_it_lacks() {
+        let secs = Duration::from_secs;
+        // 10 sentences a second, 50 ahead: 5.2 s for 2 more.
+        assert_eq!(too_late(10.0, 50, 2, secs(60)), None);
+        assert_eq!(too_late(10.0, 50, 2, secs(5)), Some(1));
+        assert_eq!(too_late(10.0, 600, 2, secs(30)), Some(31));
+        assert_eq!(too_late(0.1, 100_000, 2, secs(1)), Some(60));
+        // Not measured yet, or nothing ahead: only the queue's bound applies.
+        assert_eq!(too_late(0.0, 600, 2, secs(1)), None);
+        assert_eq!(too_late(10.0, 0, 1000, secs(1)), None);
+    }
+
+    #[test]
+    fn capacity_is_measured_only_while_work_waits() {
+        let shared = Shared {
+            inbox: Mutex::new(Inbox::default()),
+            wake: Condvar::new(),
+            queued: AtomicUsize::new(0),
+            running_rows: AtomicUsize::new(0),
+            tokens: AtomicU64::new(0),
+            ahead: AtomicUsize::new(0),
+            capacity_milli: AtomicU64::new(0),
+        };
+        let window = |finished, waiting| {
+            let mut c = Capacity::new();
+            c.start -= Capacity::WINDOW * 2;
+            c.record(&shared, finished, waiting);
+        };
+        // Room to spare: the clients' rate, not the engine's.
+        window(10, 0);
+        assert_eq!(shared.capacity_milli.load(Ordering::Relaxed), 0);
+        window(40, 3);
+        let first = shared.capacity_milli.load(Ordering::Relaxed);
+        assert!((9_000..=10_000).contains(&first), "{first}");
+        window(80, 3);
+        let smoothed = shared.capacity_milli.load(Ordering::Relaxed);
+        assert!(smoothed > first && smoothed < 2 * first, "{smoothed}");
+    }
 }
