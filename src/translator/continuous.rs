@@ -30,6 +30,10 @@ pub const MAX_BATCH_ROWS: usize = 256;
 /// smaller matrix products.
 const MAX_COHORTS: usize = 2;
 
+/// A cohort is filled from the oldest waiting text and the texts of like length among the next
+/// `CANDIDATES_PER_PLACE` × its places (see [`Continuous::step`]).
+const CANDIDATES_PER_PLACE: usize = 4;
+
 /// A running cohort admits new texts only when at least this share of the row cap is free
 /// (else it waits for more room rather than starting a tiny cohort).
 const ADMIT_SHARE: usize = 2;
@@ -246,22 +250,37 @@ impl<'t> Continuous<'t> {
             let alone = first.alone;
             let max_texts = (free / per_text).max(1);
             let budget = self.translator.max_batch_tokens;
-            // Take texts of the same key in queue order while they fit the budget.
-            let mut take: Vec<usize> = Vec::new();
-            let mut longest = 0;
-            for (i, w) in self.waiting.iter().enumerate() {
-                if take.len() >= max_texts || (alone && !take.is_empty()) {
-                    break;
+            // The oldest text, then the texts of the same key among the next ones (a window
+            // of CANDIDATES_PER_PLACE per place) whose length is closest to its own, while they
+            // fit the budget: texts of like length end at about the same step, so a cohort
+            // does not keep its place for one long text while its other rows are done.
+            let first_len = first.ids.len();
+            let mut take: Vec<usize> = vec![0];
+            let mut longest = first_len;
+            if !alone {
+                let mut candidates: Vec<(usize, usize)> = self
+                    .waiting
+                    .iter()
+                    .enumerate()
+                    .skip(1)
+                    .filter(|(_, w)| w.key == key && !w.alone)
+                    .take(max_texts.saturating_mul(CANDIDATES_PER_PLACE))
+                    .map(|(i, w)| (i, w.ids.len()))
+                    .collect();
+                // Stable: among texts as close, the older first.
+                candidates.sort_by_key(|&(_, len)| len.abs_diff(first_len));
+                for (i, len) in candidates {
+                    if take.len() >= max_texts {
+                        break;
+                    }
+                    let longer = longest.max(len);
+                    if (take.len() + 1) * longer > budget {
+                        continue;
+                    }
+                    longest = longer;
+                    take.push(i);
                 }
-                if w.key != key || (w.alone && !take.is_empty()) {
-                    continue;
-                }
-                let longer = longest.max(w.ids.len());
-                if !take.is_empty() && (take.len() + 1) * longer > budget {
-                    break;
-                }
-                longest = longer;
-                take.push(i);
+                take.sort_unstable();
             }
             // Removed from the back so that the indices still hold, then put in queue order.
             let mut group: Vec<Waiting> = Vec::with_capacity(take.len());
