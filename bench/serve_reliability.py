@@ -65,7 +65,11 @@ def report(name, ok, detail=""):
 
 
 # ---------------------------------------------------------------- requests and expectations
-INNER_BOUNDARY = re.compile(r"[.!?\u2026][\"'\u201d\u2019)\]]*\s+\S")
+INNER_BOUNDARY = re.compile(r"[.!?\u2026][^\w\s]*\s+\S")
+
+
+MULTI_OK = re.compile(r"[a-z]{4,}[.!?]$")
+MULTI_START = re.compile(r"[A-Z][a-z]+\b")
 
 
 class Texts:
@@ -98,7 +102,9 @@ def make_request(kind, texts, src, tgt):
         s = texts.take(1)
         return {"q": s[0], "source": src, "target": tgt, "format": "text"}, s
     if kind == "multi":
-        s = texts.take(random.randint(2, 3), pred=lambda x: x[-1:] in ".!?")
+        # Sentences a segmenter must split between: each ends a word of 4+ lowercase letters
+        # and a mark (no abbreviation), and starts with a capitalised word.
+        s = texts.take(random.randint(2, 3), pred=lambda x: MULTI_OK.search(x) and MULTI_START.match(x))
         return {"q": " ".join(s), "source": src, "target": tgt, "format": "text"}, s
     if kind == "list":
         s = texts.take(random.randint(2, 4))

@@ -4,7 +4,9 @@
 //! A [`Continuous`] holds texts waiting (encoded, first in first out) and *cohorts*: groups of
 //! texts that started decoding together (one padded encoder pass, one model state, one
 //! [`Search`]). Each [`Continuous::step`] first admits waiting texts as a new cohort when the
-//! running batch has room (within the row cap and the token budget), then advances every cohort
+//! running batch has room (within the row cap and the token budget: the oldest waiting text and
+//! those of like length among the next ones, so that a cohort's texts end at about the same
+//! step and no long text holds a cohort open for a few rows), then advances every cohort
 //! by one decoding step and hands out the texts that ended. Finished rows leave their cohort's
 //! state at once (greedy: at EOS; beam search: when the text's result can no longer change), so
 //! the room they free is taken by new texts at the next step. A text's result does not depend

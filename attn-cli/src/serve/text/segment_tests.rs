@@ -514,3 +514,13 @@ fn corpus_split_counts() {
         }
     }
 }
+
+#[test]
+fn a_period_inside_a_word_is_no_boundary() {
+    assert_eq!(
+        sentences("YOU ACCEPT UNICODE INC.'S DATA FILES. Then it ends.", true),
+        vec!["YOU ACCEPT UNICODE INC.'S DATA FILES.", "Then it ends."]
+    );
+    // Scripts without spaces keep theirs.
+    assert_eq!(sentences("你好。我很好。", true), vec!["你好。", "我很好。"]);
+}
