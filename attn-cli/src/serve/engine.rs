@@ -96,6 +96,7 @@ struct Pending {
 }
 
 /// What the HTTP side and the engine thread share.
+#[derive(Default)]
 struct Shared {
     inbox: Mutex<Inbox>,
     wake: Condvar,
@@ -281,15 +282,7 @@ impl Engine {
             .map(|t| t.generation_config().num_beams.unwrap_or(1))
             .min()
             .unwrap_or(1);
-        let shared = Arc::new(Shared {
-            inbox: Mutex::new(Inbox::default()),
-            wake: Condvar::new(),
-            queued: AtomicUsize::new(0),
-            running_rows: AtomicUsize::new(0),
-            tokens: AtomicU64::new(0),
-            ahead: AtomicUsize::new(0),
-            capacity_milli: AtomicU64::new(0),
-        });
+        let shared = Arc::new(Shared::default());
         let worker = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("attn-engine".into())
@@ -603,15 +596,7 @@ mod tests {
 
     #[test]
     fn capacity_is_measured_only_while_work_waits() {
-        let shared = Shared {
-            inbox: Mutex::new(Inbox::default()),
-            wake: Condvar::new(),
-            queued: AtomicUsize::new(0),
-            running_rows: AtomicUsize::new(0),
-            tokens: AtomicU64::new(0),
-            ahead: AtomicUsize::new(0),
-            capacity_milli: AtomicU64::new(0),
-        };
+        let shared = Shared::default();
         let window = |finished, waiting| {
             let mut c = Capacity::new();
             c.start -= Capacity::WINDOW * 2;
