@@ -367,9 +367,15 @@ fn the_row_cap_holds_for_a_large_call() {
         }
         most = most.max(running.running_rows());
     }
-    assert!(most <= 7 && most >= 6, "{most} rows at beam 3 under a cap of 7");
+    assert!(
+        most <= 7 && most >= 6,
+        "{most} rows at beam 3 under a cap of 7"
+    );
     let want = texts_of(m.translate(&texts, &options).unwrap());
-    assert_eq!(got.into_iter().map(Option::unwrap).collect::<Vec<_>>(), want);
+    assert_eq!(
+        got.into_iter().map(Option::unwrap).collect::<Vec<_>>(),
+        want
+    );
     let err = Translator::builder(fixture("marian_e2e"))
         .max_batch_rows(0)
         .build()

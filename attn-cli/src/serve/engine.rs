@@ -142,10 +142,15 @@ impl Capacity {
         if self.saturated && self.finished > 0 {
             let rate = self.finished as f64 / elapsed.as_secs_f64();
             let old = shared.capacity_milli.load(Ordering::Relaxed) as f64 / 1000.0;
-            let smoothed = if old > 0.0 { 0.5 * old + 0.5 * rate } else { rate };
-            shared
-                .capacity_milli
-                .store((smoothed * 1000.0).round().max(1.0) as u64, Ordering::Relaxed);
+            let smoothed = if old > 0.0 {
+                0.5 * old + 0.5 * rate
+            } else {
+                rate
+            };
+            shared.capacity_milli.store(
+                (smoothed * 1000.0).round().max(1.0) as u64,
+                Ordering::Relaxed,
+            );
         }
         *self = Self::new();
     }
@@ -516,7 +521,11 @@ fn run(shared: &Shared, translators: &[Arc<Translator>]) {
                 }
             }
         }
-        capacity.record(shared, finished, batches.iter().map(Continuous::waiting).sum());
+        capacity.record(
+            shared,
+            finished,
+            batches.iter().map(Continuous::waiting).sum(),
+        );
         // The gauges first, so that whoever is answered next sees them current.
         publish(shared, &batches, owner.len());
         // Answer the jobs that are complete.

@@ -522,5 +522,8 @@ fn a_period_inside_a_word_is_no_boundary() {
         vec!["YOU ACCEPT UNICODE INC.'S DATA FILES.", "Then it ends."]
     );
     // Scripts without spaces keep theirs.
-    assert_eq!(sentences("你好。我很好。", true), vec!["你好。", "我很好。"]);
+    assert_eq!(
+        sentences("你好。我很好。", true),
+        vec!["你好。", "我很好。"]
+    );
 }
