@@ -20,14 +20,6 @@ use crate::generation::{GenerationConfig, Hypothesis, Search};
 use crate::models::encoder_decoder::DecodeState;
 use std::collections::VecDeque;
 
-/// The default most decoder rows (texts × beams) decoding at once, whatever the token budget
-/// allows ([`TranslatorBuilder::max_batch_rows`](super::TranslatorBuilder::max_batch_rows)).
-/// Every row holds its self- and cross-attention caches (beam search copies them at each step)
-/// and a step's log-probabilities (232 KB a row for a 58,101-token vocabulary): the short texts
-/// of a large call would otherwise make batches of a thousand rows, 1.2–1.6 GB resident for a
-/// 282 MB opus-mt model at beam 4.
-pub const MAX_BATCH_ROWS: usize = 256;
-
 /// The most cohorts decoding at once: each is a model call per step, so more of them mean
 /// smaller matrix products.
 const MAX_COHORTS: usize = 2;

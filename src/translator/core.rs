@@ -19,6 +19,14 @@ use std::path::{Path, PathBuf};
 /// Default of the batch budget: padded source tokens per batch.
 pub const DEFAULT_MAX_BATCH_TOKENS: usize = 4096;
 
+/// The default most decoder rows (texts × beams) decoding at once, whatever the token budget
+/// allows (`TranslatorBuilder::max_batch_rows`).
+/// Every row holds its self- and cross-attention caches (beam search copies them at each step)
+/// and a step's log-probabilities (232 KB a row for a 58,101-token vocabulary): the short texts
+/// of a large call would otherwise make batches of a thousand rows, 1.2–1.6 GB resident for a
+/// 282 MB opus-mt model at beam 4.
+pub const MAX_BATCH_ROWS: usize = 256;
+
 /// A loaded model with its tokenizer, generation settings and languages.
 #[derive(Debug)]
 pub(crate) struct Core {
@@ -87,7 +95,7 @@ impl Core {
             model,
             generation,
             max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
-            max_batch_rows: super::MAX_BATCH_ROWS,
+            max_batch_rows: MAX_BATCH_ROWS,
             sources,
             targets,
         })

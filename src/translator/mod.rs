@@ -32,8 +32,8 @@ mod error;
 mod languages;
 mod types;
 
-pub use continuous::{Continuous, MAX_BATCH_ROWS};
-pub use core::DEFAULT_MAX_BATCH_TOKENS;
+pub use continuous::Continuous;
+pub use core::{DEFAULT_MAX_BATCH_TOKENS, MAX_BATCH_ROWS};
 pub use error::{ErrorKind, TranslateError};
 pub use languages::Language;
 pub use types::{AlignedToken, Alternative, TranslateOptions, Translation};
