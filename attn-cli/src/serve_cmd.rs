@@ -13,12 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The server's row cap and token budget per cohort: smaller than the bulk path's, so that
-/// memory under load stays near its size at rest (see docs/serving.md, "Memory").
+/// memory under load stays bounded near its size at rest (see docs/serving.md, "Memory").
 const DEFAULT_SERVE_BATCH_ROWS: usize = 64;
 const DEFAULT_SERVE_BATCH_TOKENS: usize = 768;
 
 /// `attn serve --help`: examples and a systemd unit, after the options.
-
 const EXAMPLES: &str = "\
 Examples:
   attn serve --model opus-mt-en-de
