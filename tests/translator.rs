@@ -368,7 +368,7 @@ fn the_row_cap_holds_for_a_large_call() {
         most = most.max(running.running_rows());
     }
     assert!(
-        most <= 7 && most >= 6,
+        (6..=7).contains(&most),
         "{most} rows at beam 3 under a cap of 7"
     );
     let want = texts_of(m.translate(&texts, &options).unwrap());
