@@ -1199,7 +1199,7 @@ impl StepDecoder for EncoderDecoderModel {
     }
 
     /// On the CPU, the self-attention caches start with room for the first
-    /// [`FIRST_CACHE_ROOM`] positions (or the whole decode, when shorter) and then grow by a
+    /// 32 positions (or the whole decode, when shorter) and then grow by a
     /// quarter (see [`crate::kv_cache::KvCache::append`]). Reserving the whole decode at once
     /// made every row's room for `max_length` positions resident: the allocator recycles
     /// memory it has used (and zeroes it in full), so a reserve is not lazy pages but memory,
