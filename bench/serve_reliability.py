@@ -321,6 +321,15 @@ def summarize(results, items, ref, name):
               f"{sc.percentile(lat, 0.5):.2f}/{sc.percentile(lat, 0.99):.2f} s")
     if bad:
         detail += f"; first failure: {bad[0]['kind']} {bad[0]['status']} {bad[0]['why'][:200]}"
+        # Every failure in full, for diagnosis: what was sent, what came back, what was wanted.
+        dump = Path(f"/tmp/serve_reliability_failures_{os.getpid()}.jsonl")
+        with dump.open("a", encoding="utf-8") as f:
+            for r in bad:
+                want = [ref.get(x) for x in r.get("sents") or []] if ref else None
+                f.write(json.dumps({"check": name, "kind": r["kind"], "status": r["status"], "why": r["why"],
+                                    "sents": r.get("sents"), "payload": r.get("payload"), "want": want},
+                                   ensure_ascii=False, default=str) + "\n")
+        detail += f" (all failures: {dump})"
     report(name, lost == 0 and not bad, detail)
     return bad
 

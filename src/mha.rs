@@ -757,6 +757,35 @@ impl MultiHeadAttention {
         v: &Tensor,
         args: &AttentionArgs,
     ) -> candle::Result<AttentionOutput> {
+        let heads = self.attend_heads(q, k, v, args)?;
+        Ok(AttentionOutput {
+            output: self.out_proj.forward(&heads.output)?,
+            weights: heads.weights,
+        })
+    }
+
+    /// The queries' projection `(B, L, E)` → `(B, L, H · head_dim)`, heads not split (see
+    /// [`MultiHeadAttention::split_query_heads`]): a decoding step of several batches projects
+    /// all their rows at once and splits them after.
+    pub(crate) fn project_query_rows(&self, query: &Tensor) -> candle::Result<Tensor> {
+        self.q_proj.forward(query)
+    }
+
+    /// `(B, L, H · head_dim)` from [`MultiHeadAttention::project_query_rows`] →
+    /// `(B, H, L, head_dim)`.
+    pub(crate) fn split_query_heads(&self, q: &Tensor) -> candle::Result<Tensor> {
+        self.split_heads(q, self.cfg.num_heads)
+    }
+
+    /// [`MultiHeadAttention::attend_projected`] without the output projection: `output` is the
+    /// concatenated heads `(B, L, H · d_v)`.
+    pub(crate) fn attend_heads(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        args: &AttentionArgs,
+    ) -> candle::Result<AttentionOutput> {
         let (b, h, l, hd) = q.dims4()?;
         let s = k.dim(2)?;
         let mut mask = args.mask.clone();
@@ -807,7 +836,6 @@ impl MultiHeadAttention {
             .output
             .transpose(1, 2)?
             .reshape((b, l, self.cfg.embed_dim))?;
-        let output = self.out_proj.forward(&output)?;
         let weights = match attn.weights {
             Some(w) if args.average_weights => Some(w.mean(1)?),
             w => w,

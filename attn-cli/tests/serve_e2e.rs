@@ -95,7 +95,19 @@ fn the_binary_serves_libretranslate_requests_and_drains_on_sigterm() {
     assert_eq!(status, 200);
     assert_eq!(v[0]["code"], "de");
     assert_eq!(v[1]["code"], "en");
-    assert_eq!(v[1]["targets"], json!(["de"]));
+    assert_eq!(v[1]["targets"], json!(["de", "en"]));
+    // A language to itself gives the text back unchanged, as LibreTranslate does (so does an
+    // `auto` text detected as the target language).
+    let same = "Is it forty-two?  Street seven.\n";
+    let (status, v) = request(
+        &addr,
+        "POST",
+        "/translate",
+        Some(&json!({"q": [same, "seven"], "source": "en", "target": "en", "alternatives": 2})),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["translatedText"], json!([same, "seven"]));
+    assert_eq!(v["alternatives"], json!([[], []]));
 
     let sentences = [
         "Is it forty-two?",

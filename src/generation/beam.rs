@@ -39,7 +39,7 @@
 use super::config::{EarlyStopping, Resolved};
 use super::hypothesis::{length_normalize, Hypothesis};
 use super::processors::process;
-use super::step::{fetch_step, reorder_unless_identity, StepDecoder};
+use super::step::{host_step, reorder_unless_identity, StepDecoder, StepStart};
 use candle::Result;
 use rayon::prelude::*;
 
@@ -208,10 +208,27 @@ impl Beam {
         state: &mut M::State,
         cfg: &Resolved,
     ) -> Result<Vec<(usize, Vec<Hypothesis>)>> {
-        if self.stopped {
-            return Ok(Vec::new());
+        match self.begin_step(model, state, cfg)? {
+            StepStart::Ended(items) => Ok(items),
+            StepStart::Feed(tokens) => {
+                let log_probs = model.step(state, &tokens)?;
+                self.end_step(model, state, log_probs, cfg)
+            }
         }
-        let nb = cfg.num_beams;
+    }
+
+    /// The first half of [`Beam::step`]: drops the cancelled items from the state, then
+    /// returns the tokens to feed (one per state row), or the items handed out when the
+    /// search ends without a step.
+    pub(crate) fn begin_step<M: StepDecoder>(
+        &mut self,
+        model: &M,
+        state: &mut M::State,
+        cfg: &Resolved,
+    ) -> Result<StepStart> {
+        if self.stopped {
+            return Ok(StepStart::Ended(Vec::new()));
+        }
         if !self.cancelled.is_empty() {
             let rows_now = self.feed.len();
             for &i in &self.cancelled {
@@ -219,13 +236,26 @@ impl Beam {
                 self.items[i].settled = true;
             }
             self.cancelled.clear();
-            if !self.place_open(model, state, nb, rows_now)? {
-                return Ok(self.stop(cfg));
+            if !self.place_open(model, state, cfg.num_beams, rows_now)? {
+                return Ok(StepStart::Ended(self.stop(cfg)));
             }
         }
+        Ok(StepStart::Feed(self.feed.clone()))
+    }
+
+    /// The second half of [`Beam::step`]: the model's answer `log_probs` `(rows, vocab)` to
+    /// the tokens [`Beam::begin_step`] returned.
+    pub(crate) fn end_step<M: StepDecoder>(
+        &mut self,
+        model: &M,
+        state: &mut M::State,
+        log_probs: candle::Tensor,
+        cfg: &Resolved,
+    ) -> Result<Vec<(usize, Vec<Hypothesis>)>> {
+        let nb = cfg.num_beams;
         let keep = 2.max(1 + cfg.eos.len()) * nb;
         let early = cfg.early_stopping;
-        let step = fetch_step(model, state, &self.feed, &mut self.vocab, cfg)?;
+        let step = host_step(log_probs, self.feed.len(), &mut self.vocab, cfg)?;
         let v = step.vocab;
         check_candidates(nb, v, keep)?;
         let cur_len = self.cur_len;

@@ -5,7 +5,7 @@
 use super::config::Resolved;
 use super::hypothesis::{length_normalize, Hypothesis};
 use super::processors::process;
-use super::step::{fetch_step, reorder_unless_identity, StepDecoder};
+use super::step::{host_step, reorder_unless_identity, StepDecoder, StepStart};
 /// `torch.argmax`: the first maximum, NaN above everything ([`crate::simd::rows::argmax`]).
 use crate::simd::rows::argmax;
 use candle::Result;
@@ -23,6 +23,10 @@ pub(crate) struct Greedy {
     /// Items already finished that the next [`Greedy::step`] hands out (a search of
     /// `max_length` 1 generates nothing).
     ready: Vec<usize>,
+    /// Between the two halves of a step: the items it hands out whatever the model answers,
+    /// and the tokens fed.
+    finishing: Vec<usize>,
+    fed: Vec<u32>,
     vocab: Option<usize>,
     cur_len: usize,
 }
@@ -44,6 +48,8 @@ impl Greedy {
             } else {
                 (0..batch).collect()
             },
+            finishing: Vec::new(),
+            fed: Vec::new(),
             vocab: None,
             cur_len: 1,
         }
@@ -72,7 +78,25 @@ impl Greedy {
         state: &mut M::State,
         cfg: &Resolved,
     ) -> Result<Vec<(usize, Vec<Hypothesis>)>> {
-        let mut finished: Vec<usize> = std::mem::take(&mut self.ready);
+        match self.begin_step(model, state, cfg)? {
+            StepStart::Ended(items) => Ok(items),
+            StepStart::Feed(tokens) => {
+                let log_probs = model.step(state, &tokens)?;
+                self.end_step(model, state, log_probs, cfg)
+            }
+        }
+    }
+
+    /// The first half of [`Greedy::step`]: drops the cancelled items from the state, then
+    /// returns the tokens to feed (one per state row), or the items handed out when no row
+    /// is left to step.
+    pub(crate) fn begin_step<M: StepDecoder>(
+        &mut self,
+        model: &M,
+        state: &mut M::State,
+        cfg: &Resolved,
+    ) -> Result<StepStart> {
+        let finished: Vec<usize> = std::mem::take(&mut self.ready);
         if !self.cancelled.is_empty() {
             let keep: Vec<u32> = (0..self.active.len() as u32)
                 .filter(|&r| !self.cancelled.contains(&self.active[r as usize]))
@@ -85,14 +109,29 @@ impl Greedy {
             }
         }
         if self.active.is_empty() {
-            return Ok(self.hand_out(finished, cfg));
+            return Ok(StepStart::Ended(self.hand_out(finished, cfg)));
         }
-        let feed: Vec<u32> = self
+        self.finishing = finished;
+        self.fed = self
             .active
             .iter()
             .map(|&i| *self.seqs[i].last().unwrap())
             .collect();
-        let step = fetch_step(model, state, &feed, &mut self.vocab, cfg)?;
+        Ok(StepStart::Feed(self.fed.clone()))
+    }
+
+    /// The second half of [`Greedy::step`]: the model's answer `log_probs` `(rows, vocab)` to
+    /// the tokens [`Greedy::begin_step`] returned.
+    pub(crate) fn end_step<M: StepDecoder>(
+        &mut self,
+        model: &M,
+        state: &mut M::State,
+        log_probs: candle::Tensor,
+        cfg: &Resolved,
+    ) -> Result<Vec<(usize, Vec<Hypothesis>)>> {
+        let mut finished = std::mem::take(&mut self.finishing);
+        let feed = std::mem::take(&mut self.fed);
+        let step = host_step(log_probs, feed.len(), &mut self.vocab, cfg)?;
         // Rows are independent: their processors and maxima run in parallel.
         let seqs = &self.seqs;
         let picks: Vec<(u32, f32)> = step.with_values(|values| {

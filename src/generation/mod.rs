@@ -76,6 +76,7 @@ mod step;
 pub use config::{EarlyStopping, GenerationConfig};
 pub use hypothesis::Hypothesis;
 pub use step::StepDecoder;
+pub(crate) use step::StepStart;
 
 use config::Resolved;
 
@@ -175,6 +176,34 @@ impl Search {
         match &mut self.kind {
             SearchKind::Greedy(g) => g.step(model, state, &self.cfg),
             SearchKind::Beam(b) => b.step(model, state, &self.cfg),
+        }
+    }
+
+    /// The first half of [`Search::step`], for a caller that steps the model of several
+    /// searches at once: drops cancelled items from `state`, then returns the tokens to feed
+    /// (one per state row), or the items handed out when the search ends without a step.
+    pub(crate) fn begin_step<M: StepDecoder>(
+        &mut self,
+        model: &M,
+        state: &mut M::State,
+    ) -> Result<StepStart> {
+        match &mut self.kind {
+            SearchKind::Greedy(g) => g.begin_step(model, state, &self.cfg),
+            SearchKind::Beam(b) => b.begin_step(model, state, &self.cfg),
+        }
+    }
+
+    /// The second half of [`Search::step`]: the model's answer `log_probs` `(rows, vocab)` to
+    /// the tokens [`Search::begin_step`] returned; the items that ended with the step.
+    pub(crate) fn end_step<M: StepDecoder>(
+        &mut self,
+        model: &M,
+        state: &mut M::State,
+        log_probs: candle::Tensor,
+    ) -> Result<Vec<(usize, Vec<Hypothesis>)>> {
+        match &mut self.kind {
+            SearchKind::Greedy(g) => g.end_step(model, state, log_probs, &self.cfg),
+            SearchKind::Beam(b) => b.end_step(model, state, log_probs, &self.cfg),
         }
     }
 

@@ -2,6 +2,7 @@
 //! step's answer to the host and reorder the model's rows.
 
 use super::config::Resolved;
+use super::hypothesis::Hypothesis;
 use candle::{DType, Result, Tensor};
 
 /// A model decoded one token at a time: what every search of [`crate::generation`] drives.
@@ -29,6 +30,14 @@ pub trait StepDecoder {
         let _ = (state, positions);
         Ok(())
     }
+}
+
+/// What the first half of a search step leaves to do: feed these tokens (one per state row)
+/// and hand the model's answer to the second half, or nothing, the search having ended
+/// (with these items handed out).
+pub(crate) enum StepStart {
+    Feed(Vec<u32>),
+    Ended(Vec<(usize, Vec<Hypothesis>)>),
 }
 
 /// Checks one step's output `(rows, vocab)` of a [`StepDecoder`] fed `rows` tokens and the
@@ -118,19 +127,17 @@ impl HostStep {
     }
 }
 
-/// Feeds `tokens` (one per row) and checks the answer: `(rows, vocab)`, the same vocabulary
-/// at every step, the configured ids inside it (checked at the first step).
-pub(super) fn fetch_step<M: StepDecoder>(
-    model: &M,
-    state: &mut M::State,
-    tokens: &[u32],
+/// Checks a step's answer `log_probs` to `rows` tokens fed: `(rows, vocab)`, the same
+/// vocabulary at every step, the configured ids inside it (checked at the first step); then
+/// reads it.
+pub(super) fn host_step(
+    log_probs: Tensor,
+    rows: usize,
     vocab: &mut Option<usize>,
     cfg: &Resolved,
 ) -> Result<HostStep> {
-    let out = model.step(state, tokens)?;
-    let rows = tokens.len();
-    let v = check_step(&out, rows, vocab, |v| cfg.check_vocab(v))?;
-    HostStep::new(out, rows, v)
+    let v = check_step(&log_probs, rows, vocab, |v| cfg.check_vocab(v))?;
+    HostStep::new(log_probs, rows, v)
 }
 
 /// Calls `reorder` unless `rows` is the identity on `current_rows` rows.

@@ -452,7 +452,19 @@ impl MultiHeadAttention {
                 memory.dims()
             )
         }
-        let (k, v) = match (&cache.kv, &cache.memory) {
+        let (k, v) = self.cross_keys_values(memory, cache)?;
+        let q = self.project_query(x)?;
+        self.attend_projected(&q, &k, &v, args)
+    }
+
+    /// The keys and values `(B, H, S, head_dim)` of `memory` `(B, S, kdim)` held by `cache`,
+    /// projected now when it is empty; an error when it holds another memory's.
+    pub(crate) fn cross_keys_values(
+        &self,
+        memory: &Tensor,
+        cache: &mut CrossAttentionCache,
+    ) -> candle::Result<(Tensor, Tensor)> {
+        Ok(match (&cache.kv, &cache.memory) {
             (Some(kv), Some(_)) if cache.holds(memory) => (kv.0.clone(), kv.1.clone()),
             (Some(_), Some((_, dims))) => candle::bail!(
                 "cross-attention cache holds the projection of another memory tensor {dims:?}, \
@@ -466,9 +478,31 @@ impl MultiHeadAttention {
                 cache.memory = Some((memory.id(), memory.dims().to_vec()));
                 kv
             }
+        })
+    }
+
+    /// The attention of one cached self-attention step on rows already projected: appends
+    /// `k`, `v` `(B, H, T, head_dim)` to `cache` and attends `q` `(B, H, T, head_dim)` over
+    /// the whole prefix, causal from the cached length on (eval mode, no weights). Returns the
+    /// concatenated heads `(B, T, E)`, before the output projection: what
+    /// [`MultiHeadAttention::attend_cached`] computes between its projections, for a step that
+    /// projects the rows of several batches at once.
+    pub(crate) fn attend_cached_heads(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        cache: &mut KvCache,
+        key_padding: Option<&Tensor>,
+    ) -> candle::Result<Tensor> {
+        let past = cache.len();
+        let (k, v) = cache.append(k, v)?;
+        let args = AttentionArgs {
+            mask: Mask::causal_with_offset(past),
+            key_padding,
+            ..Default::default()
         };
-        let q = self.project_query(x)?;
-        self.attend_projected(&q, &k, &v, args)
+        Ok(self.attend_heads(q, &k, &v, &args)?.output)
     }
 
     /// `x` must be batched `(B, T, E)` in the weights' dtype for the cached calls.

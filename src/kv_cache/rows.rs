@@ -189,8 +189,15 @@ pub(super) fn move_plan(ids: &[u32], rows: usize) -> MovePlan {
 /// Moves rows inside a contiguous CPU `(B, H, cap, d)` buffer so that its first `ids.len()`
 /// rows are old rows `ids` (the first `valid` positions of each (row, head) block), and returns
 /// those rows: `(ids.len(), H, cap, d)`, a view of the same storage. `None` when the buffer is
-/// not a contiguous CPU buffer of a dtype handled here, tracks a gradient, or the plan is
-/// [`MovePlan::Impossible`]: the caller then gathers into a new buffer.
+/// not a contiguous CPU buffer of a dtype handled here, tracks a gradient, the plan is
+/// [`MovePlan::Impossible`], or the rows kept are at most half of those its storage was
+/// allocated for: the caller then gathers into a new buffer.
+///
+/// The last rule is memory: a view keeps its whole storage alive, so a batch whose texts end
+/// one by one would hold the buffers of its first step until its last text ends (and a
+/// continuous batch admits new texts beside it meanwhile). Gathering once the rows halve
+/// copies each row at most about once more over a decode and keeps the buffers within twice
+/// the rows decoding.
 ///
 /// The caller guarantees that nothing else reads this buffer (no clone, no view handed out):
 /// its rows change under any other handle.
@@ -209,7 +216,7 @@ pub(super) fn move_rows_in_place(
         candle::bail!("kv cache: row {bad} does not exist, the cache has {b} rows")
     }
     let plan = move_plan(ids, b);
-    if plan == MovePlan::Impossible {
+    if plan == MovePlan::Impossible || 2 * ids.len() <= storage_rows(buf).unwrap_or(b) {
         return Ok(None);
     }
     if plan != MovePlan::Nothing {
@@ -222,6 +229,21 @@ pub(super) fn move_rows_in_place(
         buf.inplace_op1(&moves)?;
     }
     Ok(Some(buf.narrow(0, 0, ids.len())?))
+}
+
+/// How many `(H, cap, d)` rows the CPU storage behind `buf` (a contiguous view starting at a
+/// row boundary) holds, counted from its start; `None` when that cannot be read.
+fn storage_rows(buf: &Tensor) -> Option<usize> {
+    let row = buf.dims()[1..].iter().product::<usize>();
+    let (storage, _) = buf.storage_and_layout();
+    let elems = match &*storage {
+        Storage::Cpu(CpuStorage::F32(s)) => s.len(),
+        Storage::Cpu(CpuStorage::F16(s)) => s.len(),
+        Storage::Cpu(CpuStorage::BF16(s)) => s.len(),
+        Storage::Cpu(CpuStorage::F64(s)) => s.len(),
+        _ => return None,
+    };
+    (row > 0).then(|| elems / row)
 }
 
 /// The in-place pass of [`move_rows_in_place`], as a candle in-place op (the sanctioned way to
@@ -359,7 +381,8 @@ mod tests {
     }
 
     /// In-place moves equal `index_select` on the valid positions, for every plan, and leave
-    /// a narrowed view of the same buffer; the impossible plans and the others decline.
+    /// a narrowed view of the same buffer; the impossible plans decline, and so do the moves
+    /// that keep at most half of the storage's rows (the caller compacts them).
     #[test]
     fn in_place_moves_equal_index_select() -> candle::Result<()> {
         let dev = Device::Cpu;
@@ -389,10 +412,20 @@ mod tests {
                         assert_eq!(moved.dims(), &[ids.len(), 2, 4, 3]);
                         assert_eq!(as_f32(&moved.narrow(2, 0, 3)?)?, as_f32(&want)?, "{ids:?}");
                     }
-                    None => assert_eq!(move_plan(ids, 5), MovePlan::Impossible, "{ids:?}"),
+                    None => assert!(
+                        move_plan(ids, 5) == MovePlan::Impossible || 2 * ids.len() <= 5,
+                        "{ids:?}"
+                    ),
                 }
             }
         }
+        // A view of 3 rows still sits on the storage of 5: keeping 2 of them in place would
+        // leave 3 spare rows (it declines), keeping 3 moves.
+        let buf = Tensor::arange(0f32, 5.0 * 2.0, &dev)?.reshape((5, 1, 2, 1))?;
+        let view = move_rows_in_place(&buf, &[0, 2, 4], 2)?.expect("3 of 5 rows move in place");
+        assert_eq!(storage_rows(&view), Some(5));
+        assert!(move_rows_in_place(&view, &[1, 2], 2)?.is_none());
+        assert!(move_rows_in_place(&view, &[0, 2, 2], 2)?.is_some());
         let buf = Tensor::zeros((2, 1, 1, 1), DType::F32, &dev)?;
         let err = move_rows_in_place(&buf, &[2], 1).unwrap_err();
         assert!(err.to_string().contains("row 2 does not exist"), "{err}");

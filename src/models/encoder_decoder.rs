@@ -21,6 +21,7 @@ use crate::generation::StepDecoder;
 use crate::mask::Mask;
 use crate::projection::Projection;
 use crate::simd::rows::log_softmax_in_place;
+use crate::transformer::decoder_parts::DecoderPart;
 use crate::transformer::norm::LayerNorm;
 use crate::transformer::{
     DecoderCache, DecoderMasks, EncoderMasks, ModelTrace, TransformerConfig, TransformerDecoder,
@@ -1005,6 +1006,65 @@ impl EncoderDecoderModel {
     }
 }
 
+impl EncoderDecoderModel {
+    /// The checks of a step feeding `tokens` to `state`, on the host (`step_logits` would ask
+    /// the device for their min and max: two reads back per step on a GPU): one token per
+    /// row, inside the vocabulary, within the position table.
+    fn check_step_tokens(&self, state: &DecodeState, tokens: &[u32]) -> candle::Result<()> {
+        if tokens.len() != state.rows() {
+            candle::bail!(
+                "step got {} rows of ids but the decode state has {}",
+                tokens.len(),
+                state.rows()
+            )
+        }
+        let vocab = self.spec.target_vocab_size;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            candle::bail!("decoder ids hold id {bad}, outside the vocabulary of {vocab} tokens")
+        }
+        let max_len = self.spec.max_position_embeddings;
+        if state.len() + 1 > max_len {
+            candle::bail!(
+                "decoder ids reach position {} but the model allows at most max_position_embeddings = {max_len}",
+                state.len() + 1
+            )
+        }
+        Ok(())
+    }
+
+    /// [`StepDecoder::step`] of several decodes at once: feeds `parts[i].1` (one token per
+    /// row) to state `parts[i].0` and returns the log-probabilities of every row, `(R, vocab)`
+    /// `f32`, part after part (`R` = the rows of all the states). Each part's rows equal what
+    /// [`StepDecoder::step`] gives that state alone; the projections, the feed-forward
+    /// networks and the output projection read their weights once for all the rows (see
+    /// `TransformerDecoder::forward_cached_parts`). A failure may leave the states half
+    /// stepped: the caller drops them.
+    pub(crate) fn step_parts(
+        &self,
+        parts: &mut [(&mut DecodeState, &[u32])],
+    ) -> candle::Result<Tensor> {
+        let mut inputs = Vec::with_capacity(parts.len());
+        for (state, tokens) in parts.iter() {
+            self.check_step_tokens(state, tokens)?;
+            let ids = Tensor::from_slice(tokens, (tokens.len(), 1), self.device())?;
+            inputs.push(self.embed(true, &ids, state.len(), Some(tokens))?);
+        }
+        let x = Tensor::cat(&inputs, 0)?;
+        let mut decoder_parts: Vec<DecoderPart<'_>> = parts
+            .iter_mut()
+            .map(|(state, tokens)| DecoderPart {
+                rows: tokens.len(),
+                memory: &state.memory,
+                memory_padding: &state.src_padding,
+                cache: &mut state.cache,
+            })
+            .collect();
+        let h = self.decoder.forward_cached_parts(&x, &mut decoder_parts)?;
+        let logits = self.lm_head.forward(&h)?.squeeze(1)?;
+        log_softmax_rows(logits.to_dtype(DType::F32)?)
+    }
+}
+
 /// The encoder output and decoder caches of sentences being decoded, one row per hypothesis.
 /// Clones are independent.
 ///
@@ -1176,19 +1236,7 @@ impl StepDecoder for EncoderDecoderModel {
     type State = DecodeState;
 
     fn step(&self, state: &mut DecodeState, tokens: &[u32]) -> candle::Result<Tensor> {
-        // The tokens are checked here, on the host: `step_logits` would ask the device for
-        // their min and max (two reads back per step on a GPU).
-        let vocab = self.spec.target_vocab_size;
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            candle::bail!("decoder ids hold id {bad}, outside the vocabulary of {vocab} tokens")
-        }
-        let max_len = self.spec.max_position_embeddings;
-        if state.len() + 1 > max_len {
-            candle::bail!(
-                "decoder ids reach position {} but the model allows at most max_position_embeddings = {max_len}",
-                state.len() + 1
-            )
-        }
+        self.check_step_tokens(state, tokens)?;
         let ids = Tensor::from_slice(tokens, (tokens.len(), 1), self.device())?;
         let logits = self.step_checked(state, &ids, Some(tokens))?.squeeze(1)?;
         log_softmax_rows(logits.to_dtype(DType::F32)?)

@@ -562,8 +562,11 @@ impl Rows {
             _mm_storeu_ps(sums.as_mut_ptr().add(j), sums_4(v));
             j += 4;
         }
+        // One by one, in the order of the networks above (`sums_4` of one vector), so an
+        // output is the same whichever tile computed it: a row's result does not depend on
+        // the rows batched with it.
         while j < n {
-            sums[j] = crate::simd::avx2::hsum(acc[j / NR][j % NR]);
+            sums[j] = _mm_cvtss_f32(sums_4([acc[j / NR][j % NR]; 4]));
             j += 1;
         }
         for a in 0..MR {

@@ -12,7 +12,7 @@
 #![allow(clippy::too_many_arguments)]
 
 use super::tile::{Ahead, PANEL, R};
-use crate::simd::avx512::{lanes16, load, store, sums_16, transpose_16x16};
+use crate::simd::avx512::{lanes16, load, store, sum_16_lanes, sums_16, transpose_16x16};
 use core::arch::x86_64::*;
 
 /// `y[i * ys + c] += Σ_kk x(i, kk) · wp[kk * 64 + c]` for rows `i < nr`, columns `c < w`,
@@ -379,13 +379,14 @@ pub(super) unsafe fn rows_block(
             $finish!(acc, $mr, $nr, $i, $r);
         }};
     }
-    // Any tile: one horizontal sum per output.
+    // Any tile: one horizontal sum per output, in the order of the 4 × 4 tiles' sums (so an
+    // output is the same whichever tile computed it: a row's result does not depend on the
+    // rows batched with it).
     macro_rules! finish_each {
         ($acc:ident, $mr:expr, $nr:expr, $i:expr, $r:expr) => {
             for a in 0..$mr {
                 for b in 0..$nr {
-                    *y.add(($i + a) * ys + $r + b) =
-                        _mm512_reduce_add_ps($acc[a][b]) + bias_at($r + b);
+                    *y.add(($i + a) * ys + $r + b) = sum_16_lanes($acc[a][b]) + bias_at($r + b);
                 }
             }
         };

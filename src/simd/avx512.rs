@@ -176,6 +176,23 @@ pub(crate) unsafe fn sums_16(v: [__m512; 16]) -> __m512 {
     )
 }
 
+/// The sum of the 16 lanes of `v`, added in the order [`sums_16`] adds each vector's lanes
+/// (lanes `j` and `j + 2` of each 128-bit lane, then the pairs, then the 128-bit lanes 0 + 1 and
+/// 2 + 3, then those two): a kernel that sums some outputs 16 at a time and the rest one by one
+/// gives every output the same rounding, so an output does not depend on which tile, that is
+/// which other rows of the batch, it was computed with.
+///
+/// # Safety
+/// AVX-512F available (registers only).
+#[inline(always)]
+pub(crate) unsafe fn sum_16_lanes(v: __m512) -> f32 {
+    let t = _mm512_add_ps(v, _mm512_permute_ps::<0b01_00_11_10>(v));
+    let t = _mm512_add_ps(t, _mm512_permute_ps::<0b10_11_00_01>(t));
+    let t = _mm512_add_ps(t, _mm512_shuffle_f32x4::<0b10_11_00_01>(t, t));
+    let t = _mm512_add_ps(t, _mm512_shuffle_f32x4::<0b01_00_11_10>(t, t));
+    _mm512_cvtss_f32(t)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,6 +231,27 @@ mod tests {
         unsafe { store(false, 0, out.as_mut_ptr(), load(false, 0, full.as_ptr())) };
         assert_eq!(out.as_slice(), full.as_slice());
     }
+    #[test]
+    fn one_vector_sums_as_sums_16_does() {
+        if !is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        // Values whose sums round differently in different orders.
+        let data: Vec<f32> = (0..256)
+            .map(|i| ((i * 7919) % 1013) as f32 * 1.0e-3 * if i % 3 == 0 { 1.0e4 } else { 1.0 })
+            .collect();
+        // SAFETY: AVX-512F was detected above; `data` holds 16 vectors.
+        unsafe {
+            let v: [__m512; 16] =
+                std::array::from_fn(|j| _mm512_loadu_ps(data.as_ptr().add(16 * j)));
+            let mut all = [0f32; 16];
+            _mm512_storeu_ps(all.as_mut_ptr(), sums_16(v));
+            for (j, want) in all.iter().enumerate() {
+                assert_eq!(sum_16_lanes(v[j]).to_bits(), want.to_bits(), "vector {j}");
+            }
+        }
+    }
+
     #[test]
     fn sums_16_adds_each_vector_into_its_lane() {
         if !is_x86_feature_detected!("avx512f") {

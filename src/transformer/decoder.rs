@@ -38,17 +38,17 @@ type LayerTraceSlots = (Option<AttentionTrace>, Option<AttentionTrace>);
 /// encoder memory (computed once per sequence).
 #[derive(Clone, Debug, Default)]
 pub struct DecoderLayerCache {
-    self_attn: KvCache,
-    cross_attn: CrossAttentionCache,
+    pub(super) self_attn: KvCache,
+    pub(super) cross_attn: CrossAttentionCache,
 }
 
 /// The state of incremental decoding for a whole decoder: one cache per layer. Clones are
 /// independent (forking a decode).
 #[derive(Clone, Debug, Default)]
 pub struct DecoderCache {
-    layers: Vec<DecoderLayerCache>,
+    pub(super) layers: Vec<DecoderLayerCache>,
     /// Positions each self-attention cache reserves (see [`DecoderCache::reserve`]).
-    reserved: usize,
+    pub(super) reserved: usize,
 }
 
 impl DecoderCache {
@@ -116,14 +116,15 @@ impl DecoderCache {
 /// `multihead_attn.*`, `linear1.*`, `linear2.*`, `norm1.*`, `norm2.*`, `norm3.*` (or the Hugging
 /// Face names, see [`super::LayerNaming`]).
 #[derive(Clone, Debug)]
+// Fields are pub(super): `decoder_parts` runs these layers over several batches at once.
 pub struct TransformerDecoderLayer {
-    self_attn: MultiHeadAttention,
-    multihead_attn: MultiHeadAttention,
-    feed_forward: FeedForward,
-    norm1: LayerNorm,
-    norm2: LayerNorm,
-    norm3: LayerNorm,
-    norm_first: bool,
+    pub(super) self_attn: MultiHeadAttention,
+    pub(super) multihead_attn: MultiHeadAttention,
+    pub(super) feed_forward: FeedForward,
+    pub(super) norm1: LayerNorm,
+    pub(super) norm2: LayerNorm,
+    pub(super) norm3: LayerNorm,
+    pub(super) norm_first: bool,
     dropout: f32,
 }
 
@@ -359,7 +360,7 @@ impl TransformerDecoderLayer {
 /// ```
 #[derive(Clone, Debug)]
 pub struct TransformerDecoder {
-    layers: Vec<TransformerDecoderLayer>,
+    pub(super) layers: Vec<TransformerDecoderLayer>,
     norm: Option<LayerNorm>,
 }
 
@@ -406,7 +407,7 @@ impl TransformerDecoder {
         self.norm.is_some()
     }
 
-    fn final_norm(&self, x: Tensor) -> candle::Result<Tensor> {
+    pub(super) fn final_norm(&self, x: Tensor) -> candle::Result<Tensor> {
         match &self.norm {
             Some(norm) => norm.forward(&x),
             None => Ok(x),

@@ -7,6 +7,7 @@
 
 pub mod config;
 pub mod decoder;
+pub(crate) mod decoder_parts;
 pub mod embedding;
 pub mod encoder;
 pub mod feed_forward;

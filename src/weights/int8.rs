@@ -235,7 +235,8 @@ impl Int8Matrix {
         }
         if !cols.is_multiple_of(INT8_GROUP) || data.len() != rows * cols {
             candle::bail!(
-                "int8 tensor '{name}' in {origin}: {} bytes for ({rows}, {cols}); the int8 layout needs                  a column count that is a multiple of 4",
+                "int8 tensor '{name}' in {origin}: {} bytes for ({rows}, {cols}); the int8 layout needs \
+                 a column count that is a multiple of 4",
                 data.len()
             )
         }

@@ -267,6 +267,9 @@ impl Engine {
         let languages = targets
             .into_iter()
             .map(|(code, (name, mut to))| {
+                // Every language is its own target, as in LibreTranslate (argos adds an identity
+                // translation for each): such a request gets its text back unchanged.
+                to.push(code.clone());
                 to.sort();
                 ApiLanguage {
                     code,

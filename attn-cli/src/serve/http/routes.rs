@@ -219,40 +219,42 @@ async fn translate_inner(
         return Err(pair_unavailable(src, tgt));
     }
 
-    let (translated, alts): (Vec<String>, Vec<Vec<String>>) = if !can_translate {
-        // app.py 837: "Cannot translate, send the original text back".
-        (texts.clone(), vec![Vec::new(); texts.len()])
-    } else {
-        let html = format == "html";
-        let t = texts.clone();
-        let (plans, sentences) = blocking(move || plan(&t, html)).await?;
-        let out = if sentences.is_empty() {
-            Vec::new()
+    let (translated, alts): (Vec<String>, Vec<Vec<String>>) =
+        if !can_translate || src.code == tgt.code {
+            // app.py 837: "Cannot translate, send the original text back"; a language to itself is
+            // argos' identity translation (its alternatives are all the text, filtered away).
+            (texts.clone(), vec![Vec::new(); texts.len()])
         } else {
-            run_job(
-                st,
-                Job {
-                    source: src.code.clone(),
-                    target: tgt.code.clone(),
-                    sentences,
-                    alternatives: if html { 0 } else { alternatives },
-                    deadline,
-                },
-            )
+            let html = format == "html";
+            let t = texts.clone();
+            let (plans, sentences) = blocking(move || plan(&t, html)).await?;
+            let out = if sentences.is_empty() {
+                Vec::new()
+            } else {
+                run_job(
+                    st,
+                    Job {
+                        source: src.code.clone(),
+                        target: tgt.code.clone(),
+                        sentences,
+                        alternatives: if html { 0 } else { alternatives },
+                        deadline,
+                    },
+                )
+                .await?
+            };
+            blocking(move || {
+                plans
+                    .iter()
+                    .map(|p| {
+                        let best = p.render(&out, None);
+                        let alts = p.alternatives(&out, &best, alternatives);
+                        (best, alts)
+                    })
+                    .unzip()
+            })
             .await?
         };
-        blocking(move || {
-            plans
-                .iter()
-                .map(|p| {
-                    let best = p.render(&out, None);
-                    let alts = p.alternatives(&out, &best, alternatives);
-                    (best, alts)
-                })
-                .unzip()
-        })
-        .await?
-    };
 
     let mut body = Map::new();
     let det = detection.map(|(code, c)| detected(&code, c));
@@ -446,8 +448,13 @@ async fn translate_file_inner(
     if !src.targets.iter().any(|t| t == &tgt.code) {
         return Err(pair_unavailable(src, tgt));
     }
-    let t = vec![text];
-    let (plans, sentences) = blocking(move || plan(&t, false)).await?;
+    let t = vec![text.clone()];
+    let (plans, sentences) = if src.code == tgt.code {
+        // A language to itself: the file comes back as it is (argos' identity translation).
+        (Vec::new(), Vec::new())
+    } else {
+        blocking(move || plan(&t, false)).await?
+    };
     let out = if sentences.is_empty() {
         Vec::new()
     } else {
@@ -463,7 +470,7 @@ async fn translate_file_inner(
         )
         .await?
     };
-    let translated = plans[0].render(&out, None);
+    let translated = plans.first().map_or(text, |p| p.render(&out, None));
     let name = format!("{}.{}", random_id(), secure_filename(&file.filename));
     st.files.insert(name.clone(), translated.into_bytes());
     let host = headers

@@ -1,0 +1,107 @@
+//! Closed-loop load on `translator::Continuous`, without HTTP: `clients` clients each keep one
+//! request of 1–3 sentences in the running batch (the next one pushed as soon as the last
+//! sentence of the previous one ends), as `bench/compare_serve.py`'s clients do against
+//! `attn serve`. The arrivals depend only on the steps, not on the clock, so two runs decode
+//! the same cohorts: a scheduling change can be measured without the noise of a server run.
+//!
+//! ```sh
+//! cargo run --release --example continuous_load -- MODEL_DIR SENTENCES.txt [CLIENTS] [REQUESTS] [ROWS] [TOKENS]
+//! ```
+//! Prints sentences/s, CPU seconds, steps and the mean rows a step.
+
+use candle_attention::{TranslateOptions, Translator};
+use std::collections::HashMap;
+use std::time::Instant;
+
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime: fields 14 and 15 of stat, 12 and 13 after the command name.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let arg =
+        |i: usize, default: usize| args.get(i).and_then(|v| v.parse().ok()).unwrap_or(default);
+    let (model, corpus) = (&args[1], &args[2]);
+    let (clients, requests, rows, tokens) = (arg(3, 32), arg(4, 200), arg(5, 64), arg(6, 768));
+    let sentences: Vec<String> = std::fs::read_to_string(corpus)?
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_string)
+        .collect();
+    let translator = Translator::builder(model)
+        .beam(4)
+        .max_new_tokens(256)
+        .max_batch_rows(rows)
+        .max_batch_tokens(tokens)
+        .build()?;
+    let options = TranslateOptions::default();
+    let mut running = translator.continuous();
+    // Request r: sentences from `next`, 1 + r % 3 of them.
+    let mut next_sentence = 0usize;
+    let mut open: HashMap<usize, usize> = HashMap::new(); // request -> sentences left
+    let mut owner: HashMap<u64, usize> = HashMap::new(); // tag -> request
+    let mut tag = 0u64;
+    let mut push = |running: &mut candle_attention::translator::Continuous<'_>,
+                    open: &mut HashMap<usize, usize>,
+                    owner: &mut HashMap<u64, usize>,
+                    r: usize| {
+        let n = 1 + r % 3;
+        for _ in 0..n {
+            let s = &sentences[next_sentence % sentences.len()];
+            next_sentence += 1;
+            running
+                .push(tag, s, None, &options)
+                .expect("a corpus sentence");
+            owner.insert(tag, r);
+            tag += 1;
+        }
+        open.insert(r, n);
+    };
+    let mut next_request = 0usize;
+    while next_request < clients.min(requests) {
+        push(&mut running, &mut open, &mut owner, next_request);
+        next_request += 1;
+    }
+    let (t0, c0) = (Instant::now(), cpu_seconds());
+    let (mut steps, mut row_steps, mut done_requests, mut done_sentences) = (0u64, 0u64, 0, 0);
+    while !running.is_idle() {
+        let ended = running.step();
+        steps += 1;
+        row_steps += running.running_rows() as u64;
+        for (t, result) in ended {
+            result?;
+            done_sentences += 1;
+            let r = owner.remove(&t).expect("a tag pushed");
+            let left = open.get_mut(&r).expect("an open request");
+            *left -= 1;
+            if *left == 0 {
+                open.remove(&r);
+                done_requests += 1;
+                if next_request < requests {
+                    push(&mut running, &mut open, &mut owner, next_request);
+                    next_request += 1;
+                }
+            }
+        }
+    }
+    let (wall, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
+    println!(
+        "clients {clients} rows {rows} tokens {tokens}: {done_requests} requests, {done_sentences} sentences in {wall:.2} s ({:.2} sentences/s), CPU {cpu:.1} s ({:.3} CPU-s a sentence), {steps} steps, {:.1} rows a step",
+        done_sentences as f64 / wall,
+        cpu / done_sentences as f64,
+        row_steps as f64 / steps.max(1) as f64
+    );
+    Ok(())
+}
