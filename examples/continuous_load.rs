@@ -5,9 +5,11 @@
 //! the same cohorts: a scheduling change can be measured without the noise of a server run.
 //!
 //! ```sh
-//! cargo run --release --example continuous_load -- MODEL_DIR SENTENCES.txt [CLIENTS] [REQUESTS] [ROWS] [TOKENS]
+//! cargo run --release --example continuous_load -- MODEL_DIR SENTENCES.txt [CLIENTS] [REQUESTS] [ROWS] [TOKENS] [OUT]
 //! ```
-//! Prints sentences/s, CPU seconds, steps and the mean rows a step.
+//! Prints sentences/s, CPU seconds, steps and the mean rows a step; with OUT, writes each
+//! sentence's translation there (`LINE<TAB>TRANSLATION`, LINE 0-based in SENTENCES), to be
+//! compared with `attn translate --model` on the same lines.
 
 use candle_attention::{TranslateOptions, Translator};
 use std::collections::HashMap;
@@ -52,14 +54,19 @@ fn main() -> anyhow::Result<()> {
     let mut next_sentence = 0usize;
     let mut open: HashMap<usize, usize> = HashMap::new(); // request -> sentences left
     let mut owner: HashMap<u64, usize> = HashMap::new(); // tag -> request
+    let mut sentence_of: HashMap<u64, usize> = HashMap::new(); // tag -> corpus line
+    let mut outputs: Vec<(usize, String)> = Vec::new();
     let mut tag = 0u64;
     let mut push = |running: &mut candle_attention::translator::Continuous<'_>,
                     open: &mut HashMap<usize, usize>,
                     owner: &mut HashMap<u64, usize>,
+                    sentence_of: &mut HashMap<u64, usize>,
                     r: usize| {
         let n = 1 + r % 3;
         for _ in 0..n {
-            let s = &sentences[next_sentence % sentences.len()];
+            let line = next_sentence % sentences.len();
+            let s = &sentences[line];
+            sentence_of.insert(tag, line);
             next_sentence += 1;
             running
                 .push(tag, s, None, &options)
@@ -71,7 +78,13 @@ fn main() -> anyhow::Result<()> {
     };
     let mut next_request = 0usize;
     while next_request < clients.min(requests) {
-        push(&mut running, &mut open, &mut owner, next_request);
+        push(
+            &mut running,
+            &mut open,
+            &mut owner,
+            &mut sentence_of,
+            next_request,
+        );
         next_request += 1;
     }
     let (t0, c0) = (Instant::now(), cpu_seconds());
@@ -81,7 +94,8 @@ fn main() -> anyhow::Result<()> {
         steps += 1;
         row_steps += running.running_rows() as u64;
         for (t, result) in ended {
-            result?;
+            let translation = result?;
+            outputs.push((sentence_of[&t], translation.text));
             done_sentences += 1;
             let r = owner.remove(&t).expect("a tag pushed");
             let left = open.get_mut(&r).expect("an open request");
@@ -90,13 +104,27 @@ fn main() -> anyhow::Result<()> {
                 open.remove(&r);
                 done_requests += 1;
                 if next_request < requests {
-                    push(&mut running, &mut open, &mut owner, next_request);
+                    push(
+                        &mut running,
+                        &mut open,
+                        &mut owner,
+                        &mut sentence_of,
+                        next_request,
+                    );
                     next_request += 1;
                 }
             }
         }
     }
     let (wall, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
+    if let Some(path) = args.get(7) {
+        // Corpus line (0-based) and translation, tab-separated, in the order they ended.
+        let text: String = outputs
+            .iter()
+            .map(|(line, t)| format!("{line}\t{t}\n"))
+            .collect();
+        std::fs::write(path, text)?;
+    }
     println!(
         "clients {clients} rows {rows} tokens {tokens}: {done_requests} requests, {done_sentences} sentences in {wall:.2} s ({:.2} sentences/s), CPU {cpu:.1} s ({:.3} CPU-s a sentence), {steps} steps, {:.1} rows a step",
         done_sentences as f64 / wall,

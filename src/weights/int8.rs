@@ -25,6 +25,7 @@
 //! would silently shift every output, so it is not trusted from one).
 
 use super::tensor_file::TensorFile;
+use crate::simd::Isa;
 use candle::Result;
 use rayon::prelude::*;
 use safetensors::tensor::Dtype as StDtype;
@@ -78,7 +79,9 @@ impl std::fmt::Debug for Int8Matrix {
 }
 
 /// The largest magnitude of `v` (0 for an empty slice), in 16 lanes so that it vectorises; a
-/// NaN anywhere makes it NaN.
+/// NaN anywhere makes it NaN. (Taken over the bits of `|x|` as integers instead, which would
+/// need no NaN test, the loop ran at half the speed: 81 vs 45 ms per 100 M weights of
+/// `Int8Matrix::quantize`, AMD EPYC Zen 4, AVX-512, 2026-12-05.)
 #[inline(always)]
 pub(crate) fn max_abs(v: &[f32]) -> f32 {
     let mut lanes = [0f32; 16];
@@ -145,10 +148,106 @@ pub(crate) fn quantize_row(row: &[f32], dst: &mut [u8], flip: u8) -> f32 {
     }
 }
 
+/// Quantizes the rows of one panel: `w` holds its `scales.len()` (≤ 64) rows of `cols` values,
+/// `panel` its `groups · 256` bytes (zeros on entry: the padding stays zero), `scales` and
+/// `sums` its rows' entries; `row` is scratch of `groups · 4` values. `Err(r)` names the first
+/// row holding a NaN or an infinity. Inlined into a wrapper per instruction set
+/// ([`quantize_panel_at`]), so that it vectorises for each: a row is quantized into `row`
+/// (16 values a vector, their sum kept in the same pass), then its groups of 4 are copied to
+/// their places 256 bytes apart, 4 bytes at a time (the layout's scatter, per group rather
+/// than per value).
+#[inline(always)]
+fn quantize_panel(
+    w: &[f32],
+    cols: usize,
+    panel: &mut [i8],
+    scales: &mut [f32],
+    sums: &mut [i32],
+    row: &mut [i8],
+) -> std::result::Result<(), usize> {
+    for (r, (scale, sum)) in scales.iter_mut().zip(sums.iter_mut()).enumerate() {
+        let values = &w[r * cols..(r + 1) * cols];
+        let (s, inv) = row_scale(values).ok_or(r)?;
+        *scale = s;
+        let mut total = 0i32;
+        for (q, &v) in row.iter_mut().zip(values) {
+            *q = quantize_value(v, inv);
+            total += *q as i32;
+        }
+        *sum = total;
+        for (g, group) in row.chunks_exact(INT8_GROUP).enumerate() {
+            let at = (g * INT8_PANEL + r) * INT8_GROUP;
+            panel[at..at + INT8_GROUP].copy_from_slice(group);
+        }
+    }
+    Ok(())
+}
+
+/// [`quantize_panel`] compiled for AVX-512F.
+///
+/// # Safety
+/// AVX-512F (and the AVX2 level) is available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn quantize_panel_avx512(
+    w: &[f32],
+    cols: usize,
+    panel: &mut [i8],
+    scales: &mut [f32],
+    sums: &mut [i32],
+    row: &mut [i8],
+) -> std::result::Result<(), usize> {
+    quantize_panel(w, cols, panel, scales, sums, row)
+}
+
+/// [`quantize_panel`] compiled for AVX2.
+///
+/// # Safety
+/// AVX2 and FMA are available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_panel_avx2(
+    w: &[f32],
+    cols: usize,
+    panel: &mut [i8],
+    scales: &mut [f32],
+    sums: &mut [i32],
+    row: &mut [i8],
+) -> std::result::Result<(), usize> {
+    quantize_panel(w, cols, panel, scales, sums, row)
+}
+
+/// [`quantize_panel`] at `isa`. Every level gives the same bytes: each value is rounded on
+/// its own, exactly ([`quantize_value`]), and the sums are of integers.
+fn quantize_panel_at(
+    isa: Isa,
+    w: &[f32],
+    cols: usize,
+    panel: &mut [i8],
+    scales: &mut [f32],
+    sums: &mut [i32],
+    row: &mut [i8],
+) -> std::result::Result<(), usize> {
+    match isa {
+        // SAFETY: `Isa::Avx512` and `Isa::Avx2` exist only where the CPU has them.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { quantize_panel_avx512(w, cols, panel, scales, sums, row) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { quantize_panel_avx2(w, cols, panel, scales, sums, row) },
+        Isa::Portable => quantize_panel(w, cols, panel, scales, sums, row),
+    }
+}
+
 impl Int8Matrix {
     /// Quantizes `w` `(rows, cols)` row-major. An error names the first row holding a NaN or
     /// an infinity (a checkpoint with one is broken; quantizing would hide it).
     pub fn quantize(w: &[f32], rows: usize, cols: usize) -> Result<Self> {
+        Self::quantize_at(Isa::get(), w, rows, cols)
+    }
+
+    /// [`Int8Matrix::quantize`] with the kernels of `isa`.
+    pub(crate) fn quantize_at(isa: Isa, w: &[f32], rows: usize, cols: usize) -> Result<Self> {
         let Some(len) = rows.checked_mul(cols) else {
             candle::bail!("cannot quantize a {rows} x {cols} matrix: too many values")
         };
@@ -164,31 +263,24 @@ impl Int8Matrix {
         let mut values = vec![0i8; panels * panel_bytes];
         let mut scales = vec![0f32; rows];
         let mut sums = vec![0i32; rows];
-        // One task per panel: its 64 rows' scales, sums and bytes are its own.
+        // One task per panel: its 64 rows' scales, sums and bytes are its own. A task's row
+        // scratch is zero past `cols` (the padding of the last group).
         let bad_row = values
             .par_chunks_mut(panel_bytes.max(1))
             .zip(scales.par_chunks_mut(INT8_PANEL))
             .zip(sums.par_chunks_mut(INT8_PANEL))
             .enumerate()
-            .filter_map(|(p, ((panel, scales), sums))| {
-                for (r, (scale, sum)) in scales.iter_mut().zip(sums.iter_mut()).enumerate() {
-                    let n = p * INT8_PANEL + r;
-                    let row = &w[n * cols..(n + 1) * cols];
-                    let Some((s, inv)) = row_scale(row) else {
-                        return Some(n);
-                    };
-                    *scale = s;
-                    let mut total = 0i32;
-                    for (kk, &v) in row.iter().enumerate() {
-                        let q = quantize_value(v, inv);
-                        total += q as i32;
-                        let (g, j) = (kk / INT8_GROUP, kk % INT8_GROUP);
-                        panel[(g * INT8_PANEL + r) * INT8_GROUP + j] = q;
-                    }
-                    *sum = total;
-                }
-                None
-            })
+            .map_init(
+                || vec![0i8; groups * INT8_GROUP],
+                |row, (p, ((panel, scales), sums))| {
+                    let first = p * INT8_PANEL;
+                    let w = &w[first * cols..(first + scales.len()) * cols];
+                    quantize_panel_at(isa, w, cols, panel, scales, sums, row)
+                        .err()
+                        .map(|r| first + r)
+                },
+            )
+            .flatten()
             .min();
         if let Some(n) = bad_row {
             candle::bail!("row {n} holds a NaN or an infinity: it cannot be quantized")
@@ -472,6 +564,72 @@ mod tests {
         }
         let odd = Int8Matrix::quantize(&[1.0; 6], 2, 3).unwrap();
         assert!(odd.file_bytes().is_none());
+    }
+
+    /// What the layout says, one value at a time: the reference the kernels are checked
+    /// against (bytes, scales, sums).
+    fn quantized_by_the_definition(
+        w: &[f32],
+        rows: usize,
+        cols: usize,
+    ) -> (Vec<i8>, Vec<f32>, Vec<i32>) {
+        let groups = cols.div_ceil(INT8_GROUP);
+        let mut bytes = vec![0i8; rows.div_ceil(INT8_PANEL) * groups * INT8_PANEL * INT8_GROUP];
+        let (mut scales, mut sums) = (vec![0f32; rows], vec![0i32; rows]);
+        for n in 0..rows {
+            let row = &w[n * cols..(n + 1) * cols];
+            let amax = row.iter().fold(0f32, |a, v| a.max(v.abs()));
+            scales[n] = amax / 127.0;
+            let inv = if amax == 0.0 { 0.0 } else { 127.0 / amax };
+            let (p, r) = (n / INT8_PANEL, n % INT8_PANEL);
+            for (kk, &v) in row.iter().enumerate() {
+                let q = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+                sums[n] += q as i32;
+                let (g, j) = (kk / INT8_GROUP, kk % INT8_GROUP);
+                bytes[((p * groups + g) * INT8_PANEL + r) * INT8_GROUP + j] = q;
+            }
+        }
+        (bytes, scales, sums)
+    }
+
+    #[test]
+    fn every_level_quantizes_as_the_definition_says() {
+        for (rows, cols) in [(1, 4), (70, 6), (130, 37), (64, 512), (3, 1001), (200, 16)] {
+            let w: Vec<f32> = (0..rows * cols)
+                .map(|i| ((i * 7919 % 2003) as f32 - 1001.0) / 17.0)
+                .collect();
+            let (bytes, scales, sums) = quantized_by_the_definition(&w, rows, cols);
+            for isa in crate::simd::isas() {
+                let q = Int8Matrix::quantize_at(isa, &w, rows, cols).unwrap();
+                let panel_bytes = q.groups() * INT8_PANEL * INT8_GROUP;
+                for p in 0..rows.div_ceil(INT8_PANEL) {
+                    assert_eq!(
+                        q.panel(p),
+                        &bytes[p * panel_bytes..][..panel_bytes],
+                        "{isa:?} {rows}x{cols} panel {p}"
+                    );
+                }
+                assert_eq!(q.scales(), &scales[..], "{isa:?} {rows}x{cols}");
+                assert_eq!(q.sums(), &sums[..], "{isa:?} {rows}x{cols}");
+            }
+        }
+    }
+
+    #[test]
+    fn max_abs_is_the_largest_magnitude_or_nan() {
+        let mut v: Vec<f32> = (0..37).map(|i| (i as f32 - 20.0) / 3.0).collect();
+        assert_eq!(max_abs(&v), 20.0 / 3.0);
+        assert_eq!(max_abs(&[]), 0.0);
+        assert_eq!(max_abs(&[-0.0]), 0.0);
+        v[35] = f32::NEG_INFINITY;
+        assert_eq!(max_abs(&v), f32::INFINITY);
+        for at in [3, 36] {
+            let mut w = v.clone();
+            w[at] = -f32::NAN;
+            assert!(max_abs(&w).is_nan(), "NaN at {at}");
+            assert!(row_scale(&w).is_none());
+        }
+        assert!(row_scale(&v).is_none());
     }
 
     #[test]

@@ -63,7 +63,10 @@ const WARM_UP_TEXTS: usize = 24;
 fn warm_up(translator: &Translator, route: &Route) -> anyhow::Result<()> {
     let text = "The committee will publish its annual report on the state of the national \
                 parks, with figures for every region, early next year.";
-    let texts = vec![text; WARM_UP_TEXTS];
+    // Distinct texts: `translate_pair` decodes identical ones once.
+    let texts: Vec<String> = (1..=WARM_UP_TEXTS)
+        .map(|i| format!("{text} Part {i}."))
+        .collect();
     let options = TranslateOptions {
         max_new_tokens: Some(4),
         ..TranslateOptions::default()

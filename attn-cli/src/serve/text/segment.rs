@@ -13,8 +13,8 @@
 //!   go with;
 //! * after `?` or `!` and a closing quote or bracket, no boundary when a lowercase word follows
 //!   (`"Stop!" he said.`);
-//! * after a period with a letter or digit right after it, no space between (`UNICODE INC.'S
-//!   DATA FILES`), no boundary.
+//! * after a period, `?` or `!` with a letter or digit right after it, no space between
+//!   (`UNICODE INC.'S DATA FILES`, `https://example.org/search?q=term`), no boundary.
 //!
 //! Line breaks always end a sentence (as in LibreTranslate, which translates each line on its
 //! own), and are never merged across. What UAX #29 already gets right is kept: decimals (`3.5`),
@@ -384,13 +384,14 @@ fn glue(before: &str, next: &str) -> bool {
             });
         }
     }
-    // A period (and closing quotes or brackets) with a letter or digit right after it, no space
-    // between: inside a word (`INC.'S`, `.NET's`), never the end of a sentence in a script
-    // that separates words. (`。` and the other marks of scripts without spaces are not
-    // periods: `你好。我很好。` keeps its boundary.)
+    // A period, `?` or `!` (and closing quotes or brackets) with a letter or digit right after
+    // it, no space between: inside a word or an address (`INC.'S`, `.NET's`,
+    // `search?q=term`, `Yahoo!Mail`), never the end of a sentence in a script that separates
+    // words. (`。`, `？` and the other marks of scripts without spaces are not these:
+    // `你好。我很好。` keeps its boundary.)
     let spaced = before.len() > body.len();
     if !spaced
-        && body.trim_end_matches(is_closing).ends_with('.')
+        && body.trim_end_matches(is_closing).ends_with(['.', '?', '!'])
         && next.chars().next().is_some_and(char::is_alphanumeric)
     {
         return true;

@@ -521,9 +521,26 @@ fn a_period_inside_a_word_is_no_boundary() {
         sentences("YOU ACCEPT UNICODE INC.'S DATA FILES. Then it ends.", true),
         vec!["YOU ACCEPT UNICODE INC.'S DATA FILES.", "Then it ends."]
     );
+    // Nor a question or exclamation mark inside an address or a name.
+    assert_eq!(
+        sentences(
+            "See https://codesearch.debian.net/search?q=This+file or dir?ci=trunk here. Yahoo!Mail works! Does it? Yes.",
+            true
+        ),
+        vec![
+            "See https://codesearch.debian.net/search?q=This+file or dir?ci=trunk here.",
+            "Yahoo!Mail works!",
+            "Does it?",
+            "Yes."
+        ]
+    );
     // Scripts without spaces keep theirs.
     assert_eq!(
         sentences("你好。我很好。", true),
         vec!["你好。", "我很好。"]
+    );
+    assert_eq!(
+        sentences("你好吗？我很好！", true),
+        vec!["你好吗？", "我很好！"]
     );
 }
