@@ -48,10 +48,27 @@ pub struct DecoderLayerCache {
 pub struct DecoderCache {
     pub(super) layers: Vec<DecoderLayerCache>,
     /// Positions each self-attention cache reserves (see [`DecoderCache::reserve`]).
-    pub(super) reserved: usize,
+    reserved: usize,
 }
 
 impl DecoderCache {
+    /// One layer cache per decoder layer, made on first use; an error when the cache was
+    /// built for a decoder of another depth.
+    pub(super) fn ensure_layers(&mut self, layers: usize) -> candle::Result<()> {
+        if self.layers.is_empty() {
+            let mut fresh = DecoderLayerCache::default();
+            fresh.self_attn.reserve(self.reserved);
+            self.layers = vec![fresh; layers];
+        }
+        if self.layers.len() != layers {
+            candle::bail!(
+                "decoder cache has {} layers, the decoder {layers}",
+                self.layers.len()
+            )
+        }
+        Ok(())
+    }
+
     /// Asks every layer's self-attention cache to make room for `positions` target positions
     /// at once when it is next allocated ([`KvCache::reserve`]): for a decode of known
     /// maximum length, one allocation per buffer instead of a doubling every time it is full.
@@ -502,18 +519,7 @@ impl TransformerDecoder {
                 cache.len()
             )
         }
-        if cache.layers.is_empty() {
-            let mut fresh = DecoderLayerCache::default();
-            fresh.self_attn.reserve(cache.reserved);
-            cache.layers = vec![fresh; self.layers.len()];
-        }
-        if cache.layers.len() != self.layers.len() {
-            candle::bail!(
-                "decoder cache has {} layers, the decoder {}",
-                cache.layers.len(),
-                self.layers.len()
-            )
-        }
+        cache.ensure_layers(self.layers.len())?;
         let mut x = tgt.clone();
         for (layer, layer_cache) in self.layers.iter().zip(cache.layers.iter_mut()) {
             x = layer.forward_cached(&x, memory, masks, layer_cache)?;

@@ -9,9 +9,7 @@
 //! part, each over its own caches. Each row's result is what a step of its part alone gives:
 //! the row kernels compute every output row on its own (see `crate::projection::rows`).
 
-use super::decoder::{
-    DecoderCache, DecoderLayerCache, TransformerDecoder, TransformerDecoderLayer,
-};
+use super::decoder::{DecoderCache, TransformerDecoder, TransformerDecoderLayer};
 use crate::mha::AttentionArgs;
 use crate::simd::elementwise::add;
 use candle::{Module, Tensor};
@@ -54,19 +52,7 @@ impl TransformerDecoder {
                     part.rows
                 )
             }
-            let cache = &mut *part.cache;
-            if cache.layers.is_empty() {
-                let mut fresh = DecoderLayerCache::default();
-                fresh.self_attn.reserve(cache.reserved);
-                cache.layers = vec![fresh; self.layers.len()];
-            }
-            if cache.layers.len() != self.layers.len() {
-                candle::bail!(
-                    "decoder cache has {} layers, the decoder {}",
-                    cache.layers.len(),
-                    self.layers.len()
-                )
-            }
+            part.cache.ensure_layers(self.layers.len())?;
         }
         let mut x = tgt.clone();
         for (index, layer) in self.layers.iter().enumerate() {
