@@ -71,25 +71,24 @@ fn main() -> Result<()> {
     );
 
     if let Some(dir) = args.get(1) {
-        let (mut f32_times, mut int8_times) = (Vec::new(), Vec::new());
+        let precisions = [Precision::F32, Precision::INT8, Precision::BF16];
+        let mut times = vec![Vec::new(); precisions.len()];
         for _ in 0..rounds {
-            let t = Instant::now();
-            std::hint::black_box(Translator::builder(dir).build()?);
-            f32_times.push(t.elapsed().as_secs_f64());
-            let t = Instant::now();
-            std::hint::black_box(
-                Translator::builder(dir)
-                    .precision(Precision::INT8)
-                    .build()?,
-            );
-            int8_times.push(t.elapsed().as_secs_f64());
+            for (precision, t) in precisions.iter().zip(&mut times) {
+                let start = Instant::now();
+                std::hint::black_box(Translator::builder(dir).precision(*precision).build()?);
+                t.push(start.elapsed().as_secs_f64());
+            }
         }
-        let (f, q) = (median(f32_times), median(int8_times));
+        let [f, q, b] = [0, 1, 2].map(|i| median(times[i].clone()));
         println!(
-            "Translator::build on {dir}: f32 {:.1} ms, int8 quantized at load {:.1} ms (+{:.1} ms)",
+            "Translator::build on {dir}: f32 {:.1} ms, int8 quantized at load {:.1} ms (+{:.1} ms), \
+             bf16 rounded at load {:.1} ms (+{:.1} ms)",
             f * 1e3,
             q * 1e3,
-            (q - f) * 1e3
+            (q - f) * 1e3,
+            b * 1e3,
+            (b - f) * 1e3
         );
     }
     Ok(())
