@@ -200,25 +200,8 @@ impl Beam {
         self.cancelled.push(item);
     }
 
-    /// One decoding step: returns the items that settled with it (or all that are left, when
-    /// the search stops), each with its `num_return_sequences` hypotheses, best first.
-    pub(crate) fn step<M: StepDecoder>(
-        &mut self,
-        model: &M,
-        state: &mut M::State,
-        cfg: &Resolved,
-    ) -> Result<Vec<(usize, Vec<Hypothesis>)>> {
-        match self.begin_step(model, state, cfg)? {
-            StepStart::Ended(items) => Ok(items),
-            StepStart::Feed(tokens) => {
-                let log_probs = model.step(state, &tokens)?;
-                self.end_step(model, state, log_probs, cfg)
-            }
-        }
-    }
-
-    /// The first half of [`Beam::step`]: drops the cancelled items from the state, then
-    /// returns the tokens to feed (one per state row), or the items handed out when the
+    /// The first half of a step ([`super::Search::step`]): drops the cancelled items from the
+    /// state, then returns the tokens to feed (one per state row), or the items handed out when the
     /// search ends without a step.
     pub(crate) fn begin_step<M: StepDecoder>(
         &mut self,
@@ -243,8 +226,8 @@ impl Beam {
         Ok(StepStart::Feed(self.feed.clone()))
     }
 
-    /// The second half of [`Beam::step`]: the model's answer `log_probs` `(rows, vocab)` to
-    /// the tokens [`Beam::begin_step`] returned.
+    /// The second half of a step ([`super::Search::step`]): the model's answer `log_probs` `(rows,
+    /// vocab)` to the tokens [`Beam::begin_step`] returned.
     pub(crate) fn end_step<M: StepDecoder>(
         &mut self,
         model: &M,

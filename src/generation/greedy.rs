@@ -20,7 +20,7 @@ pub(crate) struct Greedy {
     active: Vec<usize>,
     /// Items to drop from the state before the next step.
     cancelled: Vec<usize>,
-    /// Items already finished that the next [`Greedy::step`] hands out (a search of
+    /// Items already finished that the next step hands out (a search of
     /// `max_length` 1 generates nothing).
     ready: Vec<usize>,
     /// Between the two halves of a step: the items it hands out whatever the model answers,
@@ -70,26 +70,9 @@ impl Greedy {
         self.cancelled.push(item);
     }
 
-    /// One decoding step: returns the items that ended with it (EOS, or `max_length`), each
-    /// with its one hypothesis.
-    pub(crate) fn step<M: StepDecoder>(
-        &mut self,
-        model: &M,
-        state: &mut M::State,
-        cfg: &Resolved,
-    ) -> Result<Vec<(usize, Vec<Hypothesis>)>> {
-        match self.begin_step(model, state, cfg)? {
-            StepStart::Ended(items) => Ok(items),
-            StepStart::Feed(tokens) => {
-                let log_probs = model.step(state, &tokens)?;
-                self.end_step(model, state, log_probs, cfg)
-            }
-        }
-    }
-
-    /// The first half of [`Greedy::step`]: drops the cancelled items from the state, then
-    /// returns the tokens to feed (one per state row), or the items handed out when no row
-    /// is left to step.
+    /// The first half of a step ([`super::Search::step`]): drops the cancelled items from the
+    /// state, then returns the tokens to feed (one per state row), or the items handed out when no
+    /// row is left to step.
     pub(crate) fn begin_step<M: StepDecoder>(
         &mut self,
         model: &M,
@@ -120,8 +103,8 @@ impl Greedy {
         Ok(StepStart::Feed(self.fed.clone()))
     }
 
-    /// The second half of [`Greedy::step`]: the model's answer `log_probs` `(rows, vocab)` to
-    /// the tokens [`Greedy::begin_step`] returned.
+    /// The second half of a step ([`super::Search::step`]): the model's answer `log_probs` `(rows,
+    /// vocab)` to the tokens [`Greedy::begin_step`] returned.
     pub(crate) fn end_step<M: StepDecoder>(
         &mut self,
         model: &M,

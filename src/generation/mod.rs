@@ -173,9 +173,12 @@ impl Search {
         model: &M,
         state: &mut M::State,
     ) -> Result<Vec<(usize, Vec<Hypothesis>)>> {
-        match &mut self.kind {
-            SearchKind::Greedy(g) => g.step(model, state, &self.cfg),
-            SearchKind::Beam(b) => b.step(model, state, &self.cfg),
+        match self.begin_step(model, state)? {
+            StepStart::Ended(items) => Ok(items),
+            StepStart::Feed(tokens) => {
+                let log_probs = model.step(state, &tokens)?;
+                self.end_step(model, state, log_probs)
+            }
         }
     }
 
