@@ -7,7 +7,8 @@
 //! ```sh
 //! cargo run --release --example continuous_load -- MODEL_DIR SENTENCES.txt [CLIENTS] [REQUESTS] [ROWS] [TOKENS] [OUT]
 //! ```
-//! Prints sentences/s, CPU seconds, steps and the mean rows a step; with OUT, writes each
+//! Warms the model up as `attn serve` does, then prints the resident set after the warm-up and
+//! its peak under the load, sentences/s, CPU seconds, steps and the mean rows a step; with OUT, writes each
 //! sentence's translation there (`LINE<TAB>TRANSLATION`, LINE 0-based in SENTENCES), to be
 //! compared with `attn translate --model` on the same lines.
 
@@ -31,6 +32,46 @@ fn cpu_seconds() -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
+/// Who is waiting for what.
+#[derive(Default)]
+struct Book {
+    /// Request -> sentences left.
+    open: HashMap<usize, usize>,
+    /// Tag -> request.
+    owner: HashMap<u64, usize>,
+    /// Tag -> corpus line.
+    sentence_of: HashMap<u64, usize>,
+}
+
+/// A `/proc/self/status` field in MB (`VmRSS`, `VmHWM`).
+fn status_mb(field: &str) -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// What `attn serve` does before it says it is ready (`serve::engine::warm_up`): two batches
+/// of 24 distinct short texts, 4 new tokens each, so that the panels of the products of many
+/// rows are packed and the resident set is the server's at rest.
+fn warm_up(translator: &Translator) -> anyhow::Result<()> {
+    let text = "The committee will publish its annual report on the state of the national \
+                parks, with figures for every region, early next year.";
+    let texts: Vec<String> = (1..=24).map(|i| format!("{text} Part {i}.")).collect();
+    let options = TranslateOptions {
+        max_new_tokens: Some(4),
+        ..TranslateOptions::default()
+    };
+    for _ in 0..2 {
+        for result in translator.translate(&texts, &options)? {
+            result?;
+        }
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let arg =
@@ -49,73 +90,71 @@ fn main() -> anyhow::Result<()> {
         .max_batch_tokens(tokens)
         .build()?;
     let options = TranslateOptions::default();
+    warm_up(&translator)?;
+    let idle_mb = status_mb("VmRSS");
+    // Writing 5 to clear_refs resets the peak resident set (VmHWM) to the current one.
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
     let mut running = translator.continuous();
     // Request r: sentences from `next`, 1 + r % 3 of them.
     let mut next_sentence = 0usize;
-    let mut open: HashMap<usize, usize> = HashMap::new(); // request -> sentences left
-    let mut owner: HashMap<u64, usize> = HashMap::new(); // tag -> request
-    let mut sentence_of: HashMap<u64, usize> = HashMap::new(); // tag -> corpus line
+    let mut book = Book::default();
     let mut outputs: Vec<(usize, String)> = Vec::new();
     let mut tag = 0u64;
-    let mut push = |running: &mut candle_attention::translator::Continuous<'_>,
-                    open: &mut HashMap<usize, usize>,
-                    owner: &mut HashMap<u64, usize>,
-                    sentence_of: &mut HashMap<u64, usize>,
-                    r: usize| {
-        let n = 1 + r % 3;
-        for _ in 0..n {
-            let line = next_sentence % sentences.len();
-            let s = &sentences[line];
-            sentence_of.insert(tag, line);
-            next_sentence += 1;
-            running
-                .push(tag, s, None, &options)
-                .expect("a corpus sentence");
-            owner.insert(tag, r);
-            tag += 1;
-        }
-        open.insert(r, n);
-    };
+    let mut push =
+        |running: &mut candle_attention::translator::Continuous<'_>, book: &mut Book, r: usize| {
+            let Book {
+                open,
+                owner,
+                sentence_of,
+            } = book;
+            let n = 1 + r % 3;
+            for _ in 0..n {
+                let line = next_sentence % sentences.len();
+                let s = &sentences[line];
+                sentence_of.insert(tag, line);
+                next_sentence += 1;
+                running
+                    .push(tag, s, None, &options)
+                    .expect("a corpus sentence");
+                owner.insert(tag, r);
+                tag += 1;
+            }
+            open.insert(r, n);
+        };
     let mut next_request = 0usize;
     while next_request < clients.min(requests) {
-        push(
-            &mut running,
-            &mut open,
-            &mut owner,
-            &mut sentence_of,
-            next_request,
-        );
+        push(&mut running, &mut book, next_request);
         next_request += 1;
     }
     let (t0, c0) = (Instant::now(), cpu_seconds());
     let (mut steps, mut row_steps, mut done_requests, mut done_sentences) = (0u64, 0u64, 0, 0);
-    while !running.is_idle() {
-        let ended = running.step();
-        steps += 1;
-        row_steps += running.running_rows() as u64;
-        for (t, result) in ended {
-            let translation = result?;
-            outputs.push((sentence_of[&t], translation.text));
-            done_sentences += 1;
-            let r = owner.remove(&t).expect("a tag pushed");
-            let left = open.get_mut(&r).expect("an open request");
-            *left -= 1;
-            if *left == 0 {
-                open.remove(&r);
-                done_requests += 1;
-                if next_request < requests {
-                    push(
-                        &mut running,
-                        &mut open,
-                        &mut owner,
-                        &mut sentence_of,
-                        next_request,
-                    );
-                    next_request += 1;
+    // As `attn serve`: on a thread of rayon's pool (the kernels' parallel loops then need no
+    // hand-over to the pool and back), the texts pushed before the clock starts.
+    let mut body = || -> anyhow::Result<()> {
+        while !running.is_idle() {
+            let ended = running.step();
+            steps += 1;
+            row_steps += running.running_rows() as u64;
+            for (t, result) in ended {
+                let translation = result?;
+                outputs.push((book.sentence_of[&t], translation.text));
+                done_sentences += 1;
+                let r = book.owner.remove(&t).expect("a tag pushed");
+                let left = book.open.get_mut(&r).expect("an open request");
+                *left -= 1;
+                if *left == 0 {
+                    book.open.remove(&r);
+                    done_requests += 1;
+                    if next_request < requests {
+                        push(&mut running, &mut book, next_request);
+                        next_request += 1;
+                    }
                 }
             }
         }
-    }
+        Ok(())
+    };
+    rayon::scope(|_| body())?;
     let (wall, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
     if let Some(path) = args.get(7) {
         // Corpus line (0-based) and translation, tab-separated, in the order they ended.
@@ -125,6 +164,11 @@ fn main() -> anyhow::Result<()> {
             .collect();
         std::fs::write(path, text)?;
     }
+    let peak_mb = status_mb("VmHWM");
+    println!(
+        "resident set: {idle_mb:.0} MB after the warm-up, peak {peak_mb:.0} MB under load ({:.2}x)",
+        peak_mb / idle_mb
+    );
     println!(
         "clients {clients} rows {rows} tokens {tokens}: {done_requests} requests, {done_sentences} sentences in {wall:.2} s ({:.2} sentences/s), CPU {cpu:.1} s ({:.3} CPU-s a sentence), {steps} steps, {:.1} rows a step",
         done_sentences as f64 / wall,

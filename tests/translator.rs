@@ -390,3 +390,41 @@ fn the_row_cap_holds_for_a_large_call() {
         .unwrap_err();
     assert!(err.to_string().contains("max_batch_rows"), "{err}");
 }
+
+#[test]
+fn the_token_budget_holds_for_the_whole_running_batch() {
+    // 40 texts of 3 to 6 source tokens, a budget of 24 padded tokens and room for every row:
+    // each cohort would fit the budget alone, so without a bound on the running batch as a
+    // whole a second cohort would start beside the first and hold up to twice the budget.
+    let budget = 24;
+    let m = Translator::builder(fixture("marian_e2e"))
+        .max_new_tokens(6)
+        .max_batch_tokens(budget)
+        .build()
+        .unwrap();
+    let options = TranslateOptions::beam(2);
+    let texts: Vec<String> = (0..40)
+        .map(|i| format!("{i} {} {}", i * 3, i * 11).repeat(1 + i % 2))
+        .collect();
+    let mut running = m.continuous();
+    for (i, text) in texts.iter().enumerate() {
+        running.push(i as u64, text, None, &options).unwrap();
+    }
+    let mut most = 0;
+    let mut got: Vec<Option<String>> = vec![None; texts.len()];
+    while !running.is_idle() {
+        for (tag, result) in running.step() {
+            got[tag as usize] = Some(result.unwrap().text);
+        }
+        most = most.max(running.source_tokens());
+    }
+    assert!(
+        most <= budget && most > budget / 2,
+        "{most} padded source tokens held under a budget of {budget}"
+    );
+    let want = texts_of(m.translate(&texts, &options).unwrap());
+    assert_eq!(
+        got.into_iter().map(Option::unwrap).collect::<Vec<_>>(),
+        want
+    );
+}

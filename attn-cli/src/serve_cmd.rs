@@ -88,7 +88,8 @@ pub struct ServeArgs {
     /// --dtype and --quantize.
     #[command(flatten)]
     precision: PrecisionArgs,
-    /// Most padded source tokens (sentences × longest sentence) starting to decode together.
+    /// Most padded source tokens (sentences × longest sentence, per cohort) of the sentences
+    /// decoding at once, all cohorts together: it bounds the running batch's memory.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_SERVE_BATCH_TOKENS)]
     max_batch_tokens: usize,
     /// Most decoder rows (sentences × beams) decoding at once: working memory grows with it.

@@ -70,8 +70,8 @@ pub struct TranslateArgs {
     /// source, source_index). Costs one teacher-forced pass per line.
     #[arg(long, requires = "model")]
     alignments: bool,
-    /// With --model: the most padded source tokens (rows × longest row) in one batch. Lines
-    /// are read ahead, sorted by length and batched within this budget.
+    /// With --model: the most padded source tokens (lines × longest line, per cohort) of the
+    /// lines decoding at once. Lines are read ahead, sorted by length and batched within it.
     #[arg(long, requires = "model", value_name = "N", default_value_t = DEFAULT_MAX_BATCH_TOKENS)]
     max_batch_tokens: usize,
     /// With --model: the most decoder rows (lines × beams) decoding at once; working memory

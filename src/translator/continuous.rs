@@ -179,6 +179,15 @@ impl<'t> Continuous<'t> {
             .sum()
     }
 
+    /// Padded source tokens the running cohorts hold (texts × longest source, per cohort): what
+    /// [`Translator::max_batch_tokens`](super::Translator::max_batch_tokens) bounds.
+    pub fn source_tokens(&self) -> usize {
+        self.cohorts
+            .iter()
+            .map(|c| c.items.iter().flatten().count() * c.state.memory().dim(1).unwrap_or(0))
+            .sum()
+    }
+
     /// Tokens generated so far (best hypotheses, EOS included).
     pub fn tokens_generated(&self) -> u64 {
         self.tokens_generated
@@ -316,7 +325,15 @@ impl<'t> Continuous<'t> {
             let key = first.key;
             let alone = first.alone;
             let max_texts = (free / per_text).max(1);
-            let budget = self.translator.max_batch_tokens;
+            // The token budget holds for the running batch as a whole, not for each cohort:
+            // a cohort holds its padded source (the encoder memory and its keys and values)
+            // and, roughly in proportion, its decoder caches, so the budget bounds what the
+            // running texts keep in memory. A first cohort always takes its oldest text.
+            let held = self.source_tokens();
+            let budget = self.translator.max_batch_tokens.saturating_sub(held);
+            if !self.cohorts.is_empty() && first.ids.len() > budget {
+                return;
+            }
             // The oldest text, then the texts of the same key among the next ones (a window
             // of CANDIDATES_PER_PLACE per place) whose length is closest to its own, while they
             // fit the budget: texts of like length end at about the same step, so a cohort

@@ -16,7 +16,7 @@ use crate::weights::Precision;
 use candle::{Device, Tensor};
 use std::path::{Path, PathBuf};
 
-/// Default of the batch budget: padded source tokens per batch.
+/// Default of the batch budget: padded source tokens of the texts decoding at once.
 pub const DEFAULT_MAX_BATCH_TOKENS: usize = 4096;
 
 /// The default most decoder rows (texts × beams) decoding at once, whatever the token budget

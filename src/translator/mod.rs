@@ -96,9 +96,11 @@ impl TranslatorBuilder {
         self
     }
 
-    /// The most padded source tokens (rows × longest row) in one batch (default
-    /// [`DEFAULT_MAX_BATCH_TOKENS`]); memory follows it. A text longer than the budget still
-    /// gets a batch of its own.
+    /// The most padded source tokens (texts × longest text, per cohort) of the texts decoding
+    /// at once, all cohorts of the running batch together (default
+    /// [`DEFAULT_MAX_BATCH_TOKENS`]). Memory follows it: each running text holds its encoder
+    /// output and its keys and values, and its decoder caches grow with its translation,
+    /// about as long. A text longer than the budget still decodes, alone.
     pub fn max_batch_tokens(mut self, max_batch_tokens: usize) -> Self {
         self.max_batch_tokens = max_batch_tokens;
         self
@@ -217,7 +219,8 @@ impl Translator {
         &self.core.generation
     }
 
-    /// The batch budget in padded source tokens.
+    /// The running batch's budget in padded source tokens (see
+    /// [`TranslatorBuilder::max_batch_tokens`]).
     pub fn max_batch_tokens(&self) -> usize {
         self.core.max_batch_tokens
     }
