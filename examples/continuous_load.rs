@@ -5,12 +5,13 @@
 //! the same cohorts: a scheduling change can be measured without the noise of a server run.
 //!
 //! ```sh
-//! cargo run --release --example continuous_load -- MODEL_DIR SENTENCES.txt [CLIENTS] [REQUESTS] [ROWS] [TOKENS] [OUT]
+//! cargo run --release --example continuous_load -- MODEL_DIR SENTENCES.txt \
+//!     [CLIENTS] [REQUESTS] [ROWS] [TOKENS] [OUT]
 //! ```
 //! Warms the model up as `attn serve` does, then prints the resident set after the warm-up and
-//! its peak under the load, sentences/s, CPU seconds, steps and the mean rows a step; with OUT, writes each
-//! sentence's translation there (`LINE<TAB>TRANSLATION`, LINE 0-based in SENTENCES), to be
-//! compared with `attn translate --model` on the same lines.
+//! its peak under the load, sentences/s, CPU seconds, steps and the mean rows a step; with
+//! OUT, writes each sentence's translation there (`LINE<TAB>TRANSLATION`, LINE 0-based in
+//! SENTENCES), to be compared with `attn translate --model` on the same lines.
 
 use candle_attention::{TranslateOptions, Translator};
 use std::collections::HashMap;

@@ -62,7 +62,8 @@ impl DecoderCache {
         }
         if self.layers.len() != layers {
             candle::bail!(
-                "decoder cache has {} layers, the decoder {layers}",
+                "this decoder cache holds {} layers but the decoder has {layers}: a cache \
+                 serves the decoder (and model) it was first used with",
                 self.layers.len()
             )
         }

@@ -183,7 +183,10 @@ fn quantize_panel(
     Ok(())
 }
 
-/// [`quantize_panel`] compiled for AVX-512F.
+/// [`quantize_panel`] compiled for AVX-512F. (The wrappers pass the slices one by one: bundled
+/// in a struct of `&mut` fields they lose the compiler's no-alias facts, and the quantizer
+/// ran 20% slower: 42.5 against 35.2 ms per 100 M weights, medians of 3, AMD EPYC Zen 4,
+/// AVX-512, 2026-12-05.)
 ///
 /// # Safety
 /// AVX-512F (and the AVX2 level) is available.

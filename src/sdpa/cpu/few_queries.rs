@@ -75,13 +75,6 @@ fn run(isa: Isa, inp: &Inputs, out: OutRows, bk: usize) {
             let (bh, c) = (t / nchunks, t % nchunks);
             let (b, h) = (bh / d.h, bh % d.h);
             let keys = c * chunk..((c + 1) * chunk).min(s);
-            // The next task of this thread (rayon hands each thread a run of consecutive
-            // tasks) starts its K and V streams while this one computes.
-            if t + 1 < d.b * d.h * nchunks {
-                let (next_bh, next_c) = ((t + 1) / nchunks, (t + 1) % nchunks);
-                let next_keys = next_c * chunk..((next_c + 1) * chunk).min(s);
-                prefetch_head(inp, next_bh / d.h, next_bh % d.h, next_keys);
-            }
             let (stats, acc) = part.split_at_mut(2 * l);
             let acc = OutBlock {
                 ptr: acc.as_mut_ptr(),
@@ -123,47 +116,6 @@ fn run(isa: Isa, inp: &Inputs, out: OutRows, bk: usize) {
             }
         }
     });
-}
-
-/// Keys a task prefetches for the next one at most (16 KB of f32 keys of 64 lanes, and as
-/// much of values).
-const PREFETCH_KEYS: usize = 64;
-
-/// Asks for the first [`PREFETCH_KEYS`] keys of `keys` of `(b, h)` (and their values) in L2.
-/// A decoding step's tasks are short (one row's head over a prefix of a few dozen keys: a
-/// few kilobytes each, in its own place of the cache): without it each task began with its
-/// first loads stalled on memory (60% of the key kernel's samples were its first loads, at
-/// 5 GB/s, on 32-client continuous batching).
-fn prefetch_head(inp: &Inputs, b: usize, h: usize, keys: std::ops::Range<usize>) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use super::prepare::Data;
-        let kv_head = h / (inp.dims.h / inp.dims.hkv);
-        let end = keys
-            .end
-            .min(keys.start + PREFETCH_KEYS)
-            .min(inp.key_limit(b, 0, inp.dims.l));
-        for (rows, cols) in [(&inp.k, inp.dims.d), (&inp.v, inp.dims.dv)] {
-            let (base, size) = match rows.head(b, kv_head) {
-                Data::F32(x) => (x.as_ptr().cast::<u8>(), 4),
-                Data::Half(x) => (x.as_ptr().cast::<u8>(), 2),
-            };
-            let (sr, len) = (rows.sr() * size, cols * size);
-            for r in keys.start..end {
-                let row = base.wrapping_add(r * sr);
-                for at in (0..len).step_by(64) {
-                    // SAFETY: a prefetch is a hint: it never faults, whatever the address.
-                    unsafe {
-                        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                            row.wrapping_add(at).cast(),
-                        )
-                    };
-                }
-            }
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (inp, b, h, keys);
 }
 
 /// Output row `i` of one `(batch, head)` from its chunks' partial results `parts`
