@@ -27,6 +27,8 @@
 //! Torch's optional `bias_k`, `bias_v` `(1, 1, E)` go with any of them.
 
 pub(crate) mod int8;
+#[cfg(target_arch = "x86_64")]
+mod int8_x86;
 mod layout;
 mod mapped;
 mod pth;

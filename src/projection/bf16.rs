@@ -74,19 +74,6 @@ pub(super) fn pack_row_pairs(x: &[u16], k: usize, xp: &mut [u32]) {
     }
 }
 
-/// bf16 bits of `v` rounded to nearest even (a quiet NaN for NaN), as `half::bf16::from_f32`
-/// but branch free, so that a row of them vectorises.
-#[inline(always)]
-pub(super) fn round_bf16(v: f32) -> u16 {
-    let b = v.to_bits();
-    let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
-    if v.is_nan() {
-        ((b >> 16) as u16) | 0x40
-    } else {
-        rounded
-    }
-}
-
 /// `dst[i]` = the bf16 bits of `src[i]` rounded to nearest even (`vcvtneps2bf16` with
 /// [`Kernel::Avx512Bf16`], which also flushes results below bf16's normal range, 1.2e-38,
 /// to zero, as the multiply-adds flush their inputs).
@@ -101,7 +88,7 @@ pub(super) fn round_row(kernel: Kernel, src: &[f32], dst: &mut [u16]) {
         },
         Kernel::Portable => {
             for (d, &s) in dst.iter_mut().zip(src) {
-                *d = round_bf16(s);
+                *d = crate::simd::round_bf16(s);
             }
         }
     }

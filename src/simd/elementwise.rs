@@ -139,6 +139,34 @@ pub(crate) fn activation(isa: Isa, act: Act, xs: &Tensor) -> candle::Result<Opti
     }
 }
 
+/// `dst[i]` = the bf16 bits of `src[i]` ([`super::round_bf16`]: nearest even, exactly as
+/// `half::bf16::from_f32`) with the kernels of `isa`, on rayon's pool when long: an `f32`
+/// checkpoint rounded to bf16 at load.
+pub(crate) fn round_to_bf16(isa: Isa, src: &[f32], dst: &mut [u16]) {
+    assert_eq!(src.len(), dst.len(), "round_to_bf16: lengths differ");
+    let kernel = |s: &[f32], d: &mut [u16]| match isa {
+        // SAFETY: `Isa::Avx2` and `Isa::Avx512` exist only after avx2 and fma were detected.
+        // (Memory bound: AVX2's 8 lanes serve the AVX-512 level as well, as for ReLU.)
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512 => unsafe { avx2::round_to_bf16(s, d) },
+        _ => round_to_bf16_portable(s, d),
+    };
+    if src.len() < PARALLEL_MIN {
+        kernel(src, dst);
+    } else {
+        dst.par_chunks_mut(PARALLEL_MIN)
+            .zip(src.par_chunks(PARALLEL_MIN))
+            .for_each(|(d, s)| kernel(s, d));
+    }
+}
+
+#[inline(always)]
+fn round_to_bf16_portable(s: &[f32], d: &mut [u16]) {
+    for (d, &s) in d.iter_mut().zip(s) {
+        *d = super::round_bf16(s);
+    }
+}
+
 /// `d[i] = max(0, s[i])` (NaN stays NaN, as candle's `relu`).
 #[inline(always)]
 fn relu_portable(s: &[f32], d: &mut [f32]) {
@@ -275,6 +303,15 @@ mod avx2 {
         super::relu_portable(s, d)
     }
 
+    /// [`super::round_to_bf16_portable`] compiled with AVX2 (8 lanes).
+    ///
+    /// # Safety
+    /// AVX2 available.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn round_to_bf16(s: &[f32], d: &mut [u16]) {
+        super::round_to_bf16_portable(s, d)
+    }
+
     /// [`super::layer_norm_row`] compiled with AVX2 and FMA (8-lane sums, `vfmadd`).
     ///
     /// # Safety
@@ -328,6 +365,59 @@ mod tests {
     use super::*;
     use crate::transformer::Activation;
     use candle::{Device, Var};
+
+    /// Rounding to bf16 at every level, serial and on the pool, gives `half::bf16::from_f32`'s
+    /// bits for every kind of value: ties both ways, values that round up into the next
+    /// binade or to infinity, subnormals (kept, not flushed), infinities, NaNs of either sign
+    /// and payload, and a sweep of bit patterns.
+    #[test]
+    fn rounding_to_bf16_is_halfs_at_every_level() {
+        let mut values = vec![
+            0.0f32,
+            -0.0,
+            1.0,
+            1.0 + f32::EPSILON * 64.0,  // a tie at an odd bf16: up
+            1.0 + f32::EPSILON * 192.0, // a tie at an even bf16: down
+            f32::MAX,
+            -f32::MAX,
+            f32::MIN_POSITIVE,
+            f32::from_bits(1),
+            f32::from_bits(0x0000_8000),
+            f32::from_bits(0x8001_7fff),
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7f80_0001),
+            f32::from_bits(0xffc1_2345),
+        ];
+        let mut state = 0x9e37_79b9u32;
+        values.extend((0..(PARALLEL_MIN * 3 + 17)).map(|_| {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            f32::from_bits(state)
+        }));
+        let want: Vec<u16> = values
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_bits())
+            .collect();
+        for isa in crate::simd::isas() {
+            for len in [values.len(), 17, 3] {
+                let mut got = vec![0u16; len];
+                round_to_bf16(isa, &values[..len], &mut got);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        g,
+                        w,
+                        "{isa:?}: {:e} ({:#x})",
+                        values[i],
+                        values[i].to_bits()
+                    );
+                }
+            }
+        }
+    }
 
     /// The CPU paths of the activations (serial and on the pool), at every level: ReLU exactly
     /// candle's, SiLU exactly candle's at the portable level and within 4e-7 relative (plus

@@ -30,6 +30,6 @@ mod storage;
 pub(crate) use isa::isas;
 pub(crate) use isa::Isa;
 pub use isa::{active_level, available_levels, cpu_level, describe_cpu, IsaLevel, ISA_ENV};
-pub(crate) use scalar::{exp2, fma};
+pub(crate) use scalar::{exp2, fma, round_bf16};
 pub(crate) use scratch::with_scratch;
 pub(crate) use storage::{cpu_f32, cpu_half_bits};

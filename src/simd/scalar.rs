@@ -52,3 +52,17 @@ pub(crate) fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
         a * b + c
     }
 }
+
+/// bf16 bits of `v` rounded to nearest even (a quiet NaN for NaN; values below bf16's normal
+/// range kept, as torch and `half::bf16::from_f32` round), branch free, so that a loop of
+/// them vectorises.
+#[inline(always)]
+pub(crate) fn round_bf16(v: f32) -> u16 {
+    let b = v.to_bits();
+    let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
+    if v.is_nan() {
+        ((b >> 16) as u16) | 0x40
+    } else {
+        rounded
+    }
+}

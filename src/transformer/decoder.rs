@@ -402,9 +402,9 @@ impl TransformerDecoder {
         source: &WeightSource,
         final_norm: bool,
     ) -> candle::Result<Self> {
-        let layers = (0..cfg.num_decoder_layers)
-            .map(|i| TransformerDecoderLayer::from_source(cfg, &source.pp(format!("layers.{i}"))))
-            .collect::<candle::Result<_>>()?;
+        let layers = source.stack("layers", cfg.num_decoder_layers, |layer| {
+            TransformerDecoderLayer::from_source(cfg, layer)
+        })?;
         let vb = source.var_builder();
         let norm = final_norm
             .then(|| {

@@ -169,9 +169,9 @@ impl TransformerEncoder {
         source: &WeightSource,
         final_norm: bool,
     ) -> candle::Result<Self> {
-        let layers = (0..cfg.num_encoder_layers)
-            .map(|i| TransformerEncoderLayer::from_source(cfg, &source.pp(format!("layers.{i}"))))
-            .collect::<candle::Result<_>>()?;
+        let layers = source.stack("layers", cfg.num_encoder_layers, |layer| {
+            TransformerEncoderLayer::from_source(cfg, layer)
+        })?;
         let vb = source.var_builder();
         let norm = final_norm
             .then(|| {

@@ -24,6 +24,8 @@
 //! (padded) at load, and the row sums are computed from the bytes then (a wrong sum in a file
 //! would silently shift every output, so it is not trusted from one).
 
+#[cfg(target_arch = "x86_64")]
+use super::int8_x86;
 use super::tensor_file::TensorFile;
 use crate::simd::Isa;
 use candle::Result;
@@ -151,12 +153,10 @@ pub(crate) fn quantize_row(row: &[f32], dst: &mut [u8], flip: u8) -> f32 {
 /// Quantizes the rows of one panel: `w` holds its `scales.len()` (≤ 64) rows of `cols` values,
 /// `panel` its `groups · 256` bytes (zeros on entry: the padding stays zero), `scales` and
 /// `sums` its rows' entries; `row` is scratch of `groups · 4` values. `Err(r)` names the first
-/// row holding a NaN or an infinity. Inlined into a wrapper per instruction set
-/// ([`quantize_panel_at`]), so that it vectorises for each: a row is quantized into `row`
-/// (16 values a vector, their sum kept in the same pass), then its groups of 4 are copied to
-/// their places 256 bytes apart, 4 bytes at a time (the layout's scatter, per group rather
-/// than per value).
-#[inline(always)]
+/// row holding a NaN or an infinity. The portable level's kernel and the definition the x86
+/// ones (`super::int8_x86`) match byte for byte: a row is quantized into `row`, then its
+/// groups of 4 are copied to their places 256 bytes apart (the layout's scatter, per group
+/// rather than per value).
 fn quantize_panel(
     w: &[f32],
     cols: usize,
@@ -183,48 +183,17 @@ fn quantize_panel(
     Ok(())
 }
 
-/// [`quantize_panel`] compiled for AVX-512F. (The wrappers pass the slices one by one: bundled
-/// in a struct of `&mut` fields they lose the compiler's no-alias facts, and the quantizer
-/// ran 20% slower: 42.5 against 35.2 ms per 100 M weights, medians of 3, AMD EPYC Zen 4,
-/// AVX-512, 2026-12-05.)
-///
-/// # Safety
-/// AVX-512F (and the AVX2 level) is available.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn quantize_panel_avx512(
-    w: &[f32],
-    cols: usize,
-    panel: &mut [i8],
-    scales: &mut [f32],
-    sums: &mut [i32],
-    row: &mut [i8],
-) -> std::result::Result<(), usize> {
-    quantize_panel(w, cols, panel, scales, sums, row)
-}
-
-/// [`quantize_panel`] compiled for AVX2.
-///
-/// # Safety
-/// AVX2 and FMA are available.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn quantize_panel_avx2(
-    w: &[f32],
-    cols: usize,
-    panel: &mut [i8],
-    scales: &mut [f32],
-    sums: &mut [i32],
-    row: &mut [i8],
-) -> std::result::Result<(), usize> {
-    quantize_panel(w, cols, panel, scales, sums, row)
-}
-
-/// [`quantize_panel`] at `isa`. Every level gives the same bytes: each value is rounded on
-/// its own, exactly ([`quantize_value`]), and the sums are of integers.
+/// [`quantize_panel`] at `isa` (the x86 levels with their own kernels, `super::int8_x86`).
+/// Every level gives the same bytes: each value is rounded on its own, exactly
+/// ([`quantize_value`]), and the sums are of integers. `next` holds the rows after the panel's,
+/// which the x86 kernels prefetch.
+// The slices one by one: bundled in a struct of `&mut` fields they lose the compiler's
+// no-alias facts (the inlined portable kernel ran 20% slower so, AMD EPYC Zen 4, 2026-12-05).
+#[allow(clippy::too_many_arguments)]
 fn quantize_panel_at(
     isa: Isa,
     w: &[f32],
+    next: &[f32],
     cols: usize,
     panel: &mut [i8],
     scales: &mut [f32],
@@ -234,10 +203,12 @@ fn quantize_panel_at(
     match isa {
         // SAFETY: `Isa::Avx512` and `Isa::Avx2` exist only where the CPU has them.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { quantize_panel_avx512(w, cols, panel, scales, sums, row) },
+        Isa::Avx512 => unsafe {
+            int8_x86::quantize_panel_avx512(w, next, cols, panel, scales, sums)
+        },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { quantize_panel_avx2(w, cols, panel, scales, sums, row) },
+        Isa::Avx2 => unsafe { int8_x86::quantize_panel_avx2(w, next, cols, panel, scales, sums) },
         Isa::Portable => quantize_panel(w, cols, panel, scales, sums, row),
     }
 }
@@ -277,8 +248,9 @@ impl Int8Matrix {
                 || vec![0i8; groups * INT8_GROUP],
                 |row, (p, ((panel, scales), sums))| {
                     let first = p * INT8_PANEL;
-                    let w = &w[first * cols..(first + scales.len()) * cols];
-                    quantize_panel_at(isa, w, cols, panel, scales, sums, row)
+                    let (w, next) = w[first * cols..].split_at(scales.len() * cols);
+                    let next = &next[..next.len().min(INT8_PANEL * cols)];
+                    quantize_panel_at(isa, w, next, cols, panel, scales, sums, row)
                         .err()
                         .map(|r| first + r)
                 },
@@ -597,7 +569,16 @@ mod tests {
 
     #[test]
     fn every_level_quantizes_as_the_definition_says() {
-        for (rows, cols) in [(1, 4), (70, 6), (130, 37), (64, 512), (3, 1001), (200, 16)] {
+        for (rows, cols) in [
+            (1, 4),
+            (70, 6),
+            (130, 37),
+            (64, 512),
+            (3, 1001),
+            (200, 16),
+            (129, 80),
+            (65, 2053),
+        ] {
             let w: Vec<f32> = (0..rows * cols)
                 .map(|i| ((i * 7919 % 2003) as f32 - 1001.0) / 17.0)
                 .collect();
@@ -703,5 +684,19 @@ mod tests {
         assert!(Int8Matrix::quantize(&w, 3, 4).is_err());
         assert!(Int8Matrix::quantize(&w, 4, 4).is_err());
         assert!(Int8Matrix::gather_rows(&q, &[2]).is_err());
+        // Every level refuses a NaN or an infinity of either sign wherever it lies in a row
+        // (in the vectors or the tail), naming the first row that holds one.
+        let (rows, cols) = (70, 37);
+        for isa in crate::simd::isas() {
+            for bad in [f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                for at in [0, 15, 16, 33, 36] {
+                    let mut w = vec![0.5f32; rows * cols];
+                    w[66 * cols + at] = bad;
+                    w[68 * cols] = bad;
+                    let err = Int8Matrix::quantize_at(isa, &w, rows, cols).unwrap_err();
+                    assert!(err.to_string().contains("row 66"), "{isa:?} {at}: {err}");
+                }
+            }
+        }
     }
 }

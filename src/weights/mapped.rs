@@ -168,7 +168,6 @@ impl MappedBf16Matrix {
         cols: usize,
         name: &str,
     ) -> candle::Result<Self> {
-        use rayon::prelude::*;
         let count = rows
             .checked_mul(cols)
             .filter(|&n| n == data.len())
@@ -178,25 +177,31 @@ impl MappedBf16Matrix {
                     data.len()
                 ))
             })?;
-        // The little-endian bytes safetensors stores, written straight from the rounding.
-        let mut bytes = vec![0u8; 2 * count];
-        bytes
-            .par_chunks_mut(2 << 16)
-            .zip(data.par_chunks(1 << 16))
-            .for_each(|(dst, src)| {
-                for (d, &x) in dst.chunks_exact_mut(2).zip(src) {
-                    d.copy_from_slice(&half::bf16::from_f32(x).to_le_bytes());
-                }
-            });
-        let view = safetensors::tensor::TensorView::new(
-            safetensors::Dtype::BF16,
-            vec![rows, cols],
-            &bytes,
-        )
-        .map_err(|e| candle::Error::Msg(format!("'{name}' as bf16: {e}")))?;
-        let blob = safetensors::serialize([(name, view)], None)
-            .map_err(|e| candle::Error::Msg(format!("'{name}' as bf16: {e}")))?;
-        drop(bytes);
+        // One buffer, the safetensors file of this one tensor: its header, then the
+        // little-endian bf16 bits, rounded in place on rayon's pool (the buffer is
+        // allocated zeroed, so its pages are first touched by the rounding, in parallel).
+        let header = serde_json::json!({
+            name: {"dtype": "BF16", "shape": [rows, cols], "data_offsets": [0, 2 * count]}
+        })
+        .to_string();
+        // The data starts 8-byte aligned (safetensors pads its header with spaces).
+        let header_len = header.len().next_multiple_of(8);
+        let mut blob = vec![0u8; 8 + header_len + 2 * count];
+        let (head, bytes) = blob.split_at_mut(8 + header_len);
+        head[..8].copy_from_slice(&(header_len as u64).to_le_bytes());
+        head[8..].fill(b' ');
+        head[8..8 + header.len()].copy_from_slice(header.as_bytes());
+        let isa = crate::simd::Isa::get();
+        // SAFETY: any two bytes are a valid `u16`; `align_to_mut` hands out only aligned
+        // `u16`s, and the ends it cannot align are rounded one by one below.
+        let (before, bits, _) = unsafe { bytes.align_to_mut::<u16>() };
+        if cfg!(target_endian = "little") && before.is_empty() {
+            crate::simd::elementwise::round_to_bf16(isa, data, bits);
+        } else {
+            for (d, &x) in bytes.chunks_exact_mut(2).zip(data) {
+                d.copy_from_slice(&crate::simd::round_bf16(x).to_le_bytes());
+            }
+        }
         let file = TensorFile::from_bytes(blob, format!("'{name}' rounded to bf16"))?;
         Self::in_file(&file, name, rows, cols).ok_or_else(|| {
             candle::Error::Msg(format!(

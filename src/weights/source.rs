@@ -232,6 +232,28 @@ impl<'a> WeightSource<'a> {
         }
     }
 
+    /// `n` items built from the sources `name.0 .. name.{n-1}` under this one (the layers of a
+    /// stack), in order. Stored tensors are read on rayon's pool, the layers side by side
+    /// (quantizing or rounding at load is then one parallel pass over the whole stack, not
+    /// a fork and join per matrix); fresh ones are created one after the other (torch's
+    /// initialisation draws from one generator: the order fixes the values). An error is
+    /// the first layer's that fails.
+    pub fn stack<T: Send>(
+        &self,
+        name: &str,
+        n: usize,
+        build: impl Fn(&WeightSource<'a>) -> candle::Result<T> + Sync,
+    ) -> candle::Result<Vec<T>> {
+        use rayon::prelude::*;
+        let layer = |i: usize| build(&self.pp(format!("{name}.{i}")));
+        if self.creates {
+            (0..n).map(layer).collect()
+        } else {
+            let built: Vec<candle::Result<T>> = (0..n).into_par_iter().map(layer).collect();
+            built.into_iter().collect()
+        }
+    }
+
     /// The current prefix (`""` at the root).
     pub fn prefix(&self) -> String {
         self.vb.prefix()
@@ -333,5 +355,54 @@ impl<'a> WeightSource<'a> {
         }
         self.tensor((out, inp), name, init)
             .map(WeightMatrix::Tensor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle::{Device, Tensor};
+    use std::collections::HashMap;
+
+    /// A stack's layers come back in order whether they are read on the pool or created one
+    /// by one, and a failing read reports the first layer that fails, every time.
+    #[test]
+    fn a_stack_is_in_order_and_reports_its_first_failing_layer() {
+        let dev = Device::Cpu;
+        let mut stored = HashMap::new();
+        for i in [0usize, 2, 4, 5] {
+            let t = Tensor::full(i as f32, (2, 3), &dev).unwrap();
+            stored.insert(format!("layers.{i}.w"), t);
+        }
+        let source = WeightSource::load(VarBuilder::from_tensors(stored, DType::F32, &dev));
+        let read = |n: usize| {
+            source.stack("layers", n, |layer| {
+                layer
+                    .tensor((2, 3), "w", candle_nn::Init::Const(0.0))?
+                    .to_vec2::<f32>()
+            })
+        };
+        let err = read(6).unwrap_err().to_string();
+        assert!(err.contains("layers.1.w"), "{err}");
+        for _ in 0..20 {
+            assert_eq!(read(6).unwrap_err().to_string(), err);
+        }
+        let mut more = HashMap::new();
+        for i in 0..8usize {
+            more.insert(
+                format!("layers.{i}.w"),
+                Tensor::full(i as f32, (2, 3), &dev).unwrap(),
+            );
+        }
+        let source = WeightSource::load(VarBuilder::from_tensors(more, DType::F32, &dev));
+        let layers = source
+            .stack("layers", 8, |layer| {
+                layer
+                    .tensor((2, 3), "w", candle_nn::Init::Const(0.0))?
+                    .to_vec2::<f32>()
+            })
+            .unwrap();
+        let firsts: Vec<f32> = layers.iter().map(|l| l[0][0]).collect();
+        assert_eq!(firsts, (0..8).map(|i| i as f32).collect::<Vec<_>>());
     }
 }
