@@ -27,6 +27,7 @@
 //! Torch's optional `bias_k`, `bias_v` `(1, 1, E)` go with any of them.
 
 pub(crate) mod int8;
+mod int8_rule;
 #[cfg(target_arch = "x86_64")]
 mod int8_x86;
 mod layout;

@@ -309,6 +309,7 @@ pub fn convert_dir(
     let target = dst.join("model.safetensors");
     safetensors::serialize_to_file(views, Some(metadata), &tmp)
         .map_err(|e| candle::Error::Msg(format!("cannot write {}: {e}", tmp.display())))?;
+    sort_metadata(&tmp)?;
     // The source's permissions (the writer creates the file private to its owner).
     if let Some(perm) = WEIGHT_FILES
         .iter()
@@ -354,4 +355,45 @@ pub fn convert_dir(
     }
     report.copied.sort();
     Ok(report)
+}
+
+/// Rewrites, in place, the `__metadata__` of the safetensors file at `path` with its keys in
+/// sorted order, so that converting the same directory twice writes the same bytes
+/// (`safetensors` writes the metadata from a `HashMap`, in an order that changes from run to
+/// run). The header keeps its length: the same entries, reordered.
+fn sort_metadata(path: &Path) -> candle::Result<()> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let fail = |e: &dyn std::fmt::Display| {
+        candle::Error::Msg(format!("cannot write {}: {e}", path.display()))
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| fail(&e))?;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(|e| fail(&e))?;
+    let len = usize::try_from(u64::from_le_bytes(len)).map_err(|e| fail(&e))?;
+    let mut header = vec![0u8; len];
+    file.read_exact(&mut header).map_err(|e| fail(&e))?;
+    let text = std::str::from_utf8(&header).map_err(|e| fail(&e))?;
+    let meta_start = match text.find("\"__metadata__\":") {
+        Some(at) => at + "\"__metadata__\":".len(),
+        None => return Ok(()),
+    };
+    let meta_end = meta_start
+        + text[meta_start..]
+            .find('}')
+            .ok_or_else(|| fail(&"a metadata object without its end"))?
+        + 1;
+    let entries: HashMap<String, String> =
+        serde_json::from_str(&text[meta_start..meta_end]).map_err(|e| fail(&e))?;
+    let sorted: std::collections::BTreeMap<_, _> = entries.into_iter().collect();
+    let rewritten = serde_json::to_string(&sorted).map_err(|e| fail(&e))?;
+    if rewritten.len() != meta_end - meta_start {
+        return Err(fail(&"the metadata changed length when sorted"));
+    }
+    file.seek(SeekFrom::Start(8 + meta_start as u64))
+        .and_then(|_| file.write_all(rewritten.as_bytes()))
+        .map_err(|e| fail(&e))
 }

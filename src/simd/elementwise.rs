@@ -139,7 +139,7 @@ pub(crate) fn activation(isa: Isa, act: Act, xs: &Tensor) -> candle::Result<Opti
     }
 }
 
-/// `dst[i]` = the bf16 bits of `src[i]` ([`super::round_bf16`]: nearest even, exactly as
+/// `dst[i]` = the bf16 bits of `src[i]` ([`super::scalar::round_bf16`]: nearest even, exactly as
 /// `half::bf16::from_f32`) with the kernels of `isa`, on rayon's pool when long: an `f32`
 /// checkpoint rounded to bf16 at load.
 pub(crate) fn round_to_bf16(isa: Isa, src: &[f32], dst: &mut [u16]) {
@@ -163,7 +163,7 @@ pub(crate) fn round_to_bf16(isa: Isa, src: &[f32], dst: &mut [u16]) {
 #[inline(always)]
 fn round_to_bf16_portable(s: &[f32], d: &mut [u16]) {
     for (d, &s) in d.iter_mut().zip(s) {
-        *d = super::round_bf16(s);
+        *d = super::scalar::round_bf16(s);
     }
 }
 

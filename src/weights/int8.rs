@@ -24,6 +24,8 @@
 //! (padded) at load, and the row sums are computed from the bytes then (a wrong sum in a file
 //! would silently shift every output, so it is not trusted from one).
 
+pub(crate) use super::int8_rule::{quantize_row, quantize_value, row_scale};
+pub use super::int8_rule::{INT8_GROUP, INT8_PANEL};
 #[cfg(target_arch = "x86_64")]
 use super::int8_x86;
 use super::tensor_file::TensorFile;
@@ -37,11 +39,6 @@ use std::sync::Arc;
 pub const INT8_SCALE_SUFFIX: &str = ".int8_scale";
 /// The safetensors metadata key (and value `int8`) of a file `attn convert` quantized.
 pub const QUANTIZATION_METADATA_KEY: &str = "attn_quantization";
-
-/// Rows of `W` (outputs) per panel of an [`Int8Matrix`].
-pub const INT8_PANEL: usize = 64;
-/// Columns of `W` (inputs) per group of an [`Int8Matrix`]'s layout.
-pub const INT8_GROUP: usize = 4;
 
 /// A `(rows, cols)` weight matrix quantized to `i8` with one `f32` scale per row (see the
 /// module documentation for the rule and the layout). Cheap to clone (clones share the
@@ -77,76 +74,6 @@ enum Values {
 impl std::fmt::Debug for Int8Matrix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Int8Matrix({} x {})", self.rows, self.cols)
-    }
-}
-
-/// The largest magnitude of `v` (0 for an empty slice), in 16 lanes so that it vectorises; a
-/// NaN anywhere makes it NaN. (Taken over the bits of `|x|` as integers instead, which would
-/// need no NaN test, the loop ran at half the speed: 81 vs 45 ms per 100 M weights of
-/// `Int8Matrix::quantize`, AMD EPYC Zen 4, AVX-512, 2026-12-05.)
-#[inline(always)]
-pub(crate) fn max_abs(v: &[f32]) -> f32 {
-    let mut lanes = [0f32; 16];
-    let mut nan = false;
-    let mut chunks = v.chunks_exact(16);
-    for c in &mut chunks {
-        for (l, &x) in lanes.iter_mut().zip(c) {
-            nan |= x.is_nan();
-            *l = l.max(x.abs());
-        }
-    }
-    for &x in chunks.remainder() {
-        nan |= x.is_nan();
-        lanes[0] = lanes[0].max(x.abs());
-    }
-    if nan {
-        return f32::NAN;
-    }
-    lanes.iter().fold(0f32, |a, &b| a.max(b))
-}
-
-/// The symmetric quantization of one row: its scale and `127 / max|v|` (0 for a zero row), or
-/// `None` when the row holds a NaN or an infinity.
-#[inline(always)]
-pub(crate) fn row_scale(v: &[f32]) -> Option<(f32, f32)> {
-    let amax = max_abs(v);
-    if !amax.is_finite() {
-        return None;
-    }
-    if amax == 0.0 {
-        return Some((0.0, 0.0));
-    }
-    Some((amax / 127.0, 127.0 / amax))
-}
-
-/// `round(v · inv)` (ties to even) clamped to `-127 ..= 127`, for a finite `v · inv`.
-///
-/// Clamped first, then rounded by adding 1.5 · 2²³ (the sum has no fraction bits left, and the
-/// CPU rounds it to nearest even, on any target and at any vector width): the sum's
-/// low mantissa bits are then `2²² + q`, whose low byte is `q` in two's complement. Read
-/// from the bits rather than converted (`as i8`, a saturating conversion the compiler
-/// performs one value at a time), so that the loop vectorises.
-#[inline(always)]
-pub(crate) fn quantize_value(v: f32, inv: f32) -> i8 {
-    const MAGIC: f32 = 12_582_912.0;
-    ((v * inv).clamp(-127.0, 127.0) + MAGIC).to_bits() as u8 as i8
-}
-
-/// Quantizes one row: `dst` gets its bytes (`q`, or `q + 128` as a byte when `flip` is
-/// 0x80), the result is its scale (NaN for a row with a NaN or an infinity, whose bytes are
-/// left as they are). Inlined into each kernel level's wrapper (`crate::projection`), so that it vectorises
-/// for it.
-#[inline(always)]
-pub(crate) fn quantize_row(row: &[f32], dst: &mut [u8], flip: u8) -> f32 {
-    match row_scale(row) {
-        Some((s, inv)) => {
-            for (d, &v) in dst.iter_mut().zip(row) {
-                // `q + 128` as a byte is `q`'s bits with the top one flipped.
-                *d = quantize_value(v, inv) as u8 ^ flip;
-            }
-            s
-        }
-        None => f32::NAN,
     }
 }
 
@@ -597,23 +524,6 @@ mod tests {
                 assert_eq!(q.sums(), &sums[..], "{isa:?} {rows}x{cols}");
             }
         }
-    }
-
-    #[test]
-    fn max_abs_is_the_largest_magnitude_or_nan() {
-        let mut v: Vec<f32> = (0..37).map(|i| (i as f32 - 20.0) / 3.0).collect();
-        assert_eq!(max_abs(&v), 20.0 / 3.0);
-        assert_eq!(max_abs(&[]), 0.0);
-        assert_eq!(max_abs(&[-0.0]), 0.0);
-        v[35] = f32::NEG_INFINITY;
-        assert_eq!(max_abs(&v), f32::INFINITY);
-        for at in [3, 36] {
-            let mut w = v.clone();
-            w[at] = -f32::NAN;
-            assert!(max_abs(&w).is_nan(), "NaN at {at}");
-            assert!(row_scale(&w).is_none());
-        }
-        assert!(row_scale(&v).is_none());
     }
 
     #[test]

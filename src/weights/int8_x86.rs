@@ -1,7 +1,7 @@
 //! The weight quantizer's panel kernels for x86-64 (AVX-512F, AVX2), written with intrinsics.
 //!
 //! Each gives exactly the bytes, scales and sums of the portable definition
-//! ([`super::int8::quantize_value`], [`super::int8::row_scale`]): the largest magnitude is
+//! ([`super::int8_rule::quantize_value`], [`super::int8_rule::row_scale`]): the largest magnitude is
 //! taken over the bits of `|v|` as unsigned integers (the same order as the floats' for
 //! finite values, and every NaN or infinity at or above `0x7f80_0000`, so one comparison
 //! refuses both), and each value is rounded by adding `1.5 · 2²³` as the portable code does,
@@ -13,16 +13,16 @@
 //! on Zen 4, 20% of the samples) and the NaN-aware `f32::max` into blends and lane inserts.
 //! Here every group of 4 bytes is one 32-bit store.
 
-use super::int8::{INT8_GROUP, INT8_PANEL};
+use super::int8_rule::{quantize_value, INT8_GROUP, INT8_PANEL};
 use std::arch::x86_64::*;
 
-/// The bits of `1.5 · 2²³`, the rounding constant of [`super::int8::quantize_value`].
+/// The bits of `1.5 · 2²³`, the rounding constant of [`super::int8_rule::quantize_value`].
 const MAGIC_BITS: i32 = 0x4b40_0000;
 /// `|v|`'s bits at or above this: an infinity or a NaN.
 const NOT_FINITE_BITS: u32 = 0x7f80_0000;
 
 /// The scale and `127 / max|v|` of a row whose largest `|v|` has the bits `amax_bits`, or
-/// `None` for a NaN or an infinity (as [`super::int8::row_scale`]).
+/// `None` for a NaN or an infinity (as [`super::int8_rule::row_scale`]).
 #[inline(always)]
 fn scale_of(amax_bits: u32) -> Option<(f32, f32)> {
     if amax_bits >= NOT_FINITE_BITS {
@@ -47,7 +47,7 @@ fn group_at(g: usize, r: usize) -> usize {
 fn quantize_tail(values: &[f32], from: usize, inv: f32, panel: &mut [i8], r: usize) -> i32 {
     let mut sum = 0;
     for (c, &v) in values.iter().enumerate().skip(from) {
-        let q = super::int8::quantize_value(v, inv);
+        let q = quantize_value(v, inv);
         panel[group_at(c / INT8_GROUP, r) + c % INT8_GROUP] = q;
         sum += q as i32;
     }
