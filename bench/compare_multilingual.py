@@ -187,7 +187,8 @@ def make_inputs(batch, src_len, size, seed):
 def step_bytes(weights):
     """Bytes one batch-1 decoding step must read: every decoder tensor except the
     cross-attention k/v projections (applied to the encoder output once) plus the output
-    projection (the tied shared table), from the safetensors header."""
+    projection (the tied shared table), from the safetensors header (int8 matrices of an
+    `attn convert` file at one byte a weight, their scales included)."""
     parts = {}
     with safe_open(str(weights), framework="pt") as f:
         for k in f.keys():
@@ -195,7 +196,7 @@ def step_bytes(weights):
             n = 1
             for s in sl.get_shape():
                 n *= s
-            nbytes = n * {"F32": 4, "F16": 2, "BF16": 2}.get(sl.get_dtype(), 4)
+            nbytes = n * {"F32": 4, "F16": 2, "BF16": 2, "I8": 1}.get(sl.get_dtype(), 4)
             if k.startswith("model.decoder.") and not re.search(r"encoder_attn\.(k|v)_proj", k):
                 parts["decoder"] = parts.get("decoder", 0) + nbytes
             elif k in ("lm_head.weight", "model.shared.weight"):

@@ -70,7 +70,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 import compare_multilingual as ml  # noqa: E402
 from compare_marian import ours_isa, run_ours_once  # noqa: E402
-from safetensors import safe_open  # noqa: E402
+from compare_precision import agreement  # noqa: E402
 
 ml.SIZES.update({
     "1.3b": dict(vocab_size=256206, d_model=1024, encoder_layers=24, decoder_layers=24,
@@ -155,28 +155,6 @@ def ours_run(attn, model_dir, in_path, out_path, beams, length, forced, extra, e
     wall, cpu, rss = run_ours_once(cmd, env)
     toks = load_file(str(out_path))["sequences"][:, 1:].tolist()
     return wall, cpu, rss, toks
-
-
-def step_bytes(weights):
-    """Bytes a batch-1 step reads (see the module documentation), int8 matrices at 1 byte."""
-    size = {"F32": 4, "F16": 2, "BF16": 2, "I8": 1}
-    total = 0
-    with safe_open(str(weights), framework="pt") as f:
-        for k in f.keys():
-            sl = f.get_slice(k)
-            n = 1
-            for d in sl.get_shape():
-                n *= d
-            decoder = k.startswith("model.decoder.") and not any(
-                f"encoder_attn.{p}_proj" in k for p in "kv")
-            if decoder or k.startswith("model.shared.weight"):
-                total += n * size.get(sl.get_dtype(), 4)
-    return total
-
-
-def agreement(a, b):
-    pairs = [(x, y) for ra, rb in zip(a, b) for x, y in zip(ra, rb)]
-    return sum(x == y for x, y in pairs) / max(1, len(pairs))
 
 
 def main():
@@ -275,12 +253,13 @@ def main():
                     bw = statistics.median(bandwidths)
                     for s, (d, extra) in ours.items():
                         weights = (d / "model.safetensors") if not extra else (int8_dir / "model.safetensors")
-                        bound = step_bytes(weights) / (bw * 1e9)
+                        step_b = ml.step_bytes(weights)[0]
+                        bound = step_b / (bw * 1e9)
                         first = statistics.median(res[s]["first"])
                         step = (med[s] - first) / (a.new_tokens - 2)
                         ceiling = med[peer] / (first + (a.new_tokens - 2) * bound)
                         print(f"{s}: read bandwidth {bw:.1f} GB/s (median of the rounds), a step reads "
-                              f"{step_bytes(weights) / 1e9:.2f} GB: bound {bound * 1e3:.1f} ms, ours "
+                              f"{step_b / 1e9:.2f} GB: bound {bound * 1e3:.1f} ms, ours "
                               f"{step * 1e3:.1f} ms ({bound / step:.0%} of the bandwidth); ceiling against "
                               f"{peer}: {ceiling:.2f}x")
             del translator
