@@ -76,8 +76,8 @@ Duration (600m, model already created, --runs 1 with the default --warmup 1, on 
 at load 4-5): 5 min 8 s in all; transformers 25 / 90 / 141 s and ours 8 / 11 / 22 s for the
 three settings (each side's warm-up and timed runs). Every extra run adds about half again.
 
-CTranslate2 is not timed here (its NLLB converter wants the real tokenizer's language tokens);
-bench/compare_marian.py has it for Marian.
+CTranslate2 is not timed here: bench/compare_nllb_ct2.py runs it against these models (with a
+stand-in vocabulary for its converter), at these sizes and the dense 1.3B and 3.3B ones.
 
 --isa portable|avx2|avx512 limits both sides to that instruction-set level (like for like on a
 CPU that has more): `ATTN_CPU_ISA` for ours, `ATEN_CPU_CAPABILITY` and
@@ -113,18 +113,26 @@ from compare_marian import compare, ours_isa, time_ours, time_transformers  # no
 
 SETTINGS = {"b1_greedy": (1, 1), "b8_greedy": (8, 1), "b8_beam4": (8, 4)}
 BOS, PAD, EOS, DECODER_START = 0, 1, 2, 2
-# The architecture of facebook/nllb-200-distilled-600M (its config.json), and a tiny one.
+# The architectures of facebook/nllb-200-distilled-600M, nllb-200-1.3B and nllb-200-3.3B (their
+# config.json; the larger two for bench/compare_nllb_ct2.py), and a tiny one.
 SIZES = {
     "600m": dict(vocab_size=256206, d_model=1024, encoder_layers=12, decoder_layers=12,
                  encoder_attention_heads=16, decoder_attention_heads=16, encoder_ffn_dim=4096,
                  decoder_ffn_dim=4096),
+    "1.3b": dict(vocab_size=256206, d_model=1024, encoder_layers=24, decoder_layers=24,
+                 encoder_attention_heads=16, decoder_attention_heads=16, encoder_ffn_dim=8192,
+                 decoder_ffn_dim=8192),
+    "3.3b": dict(vocab_size=256206, d_model=2048, encoder_layers=24, decoder_layers=24,
+                 encoder_attention_heads=16, decoder_attention_heads=16, encoder_ffn_dim=8192,
+                 decoder_ffn_dim=8192),
     "small": dict(vocab_size=4096, d_model=64, encoder_layers=2, decoder_layers=2,
                   encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
                   decoder_ffn_dim=128),
 }
 # (source language, target language = forced_bos_token_id, first language id): eng_Latn and
 # deu_Latn in the real NLLB vocabulary; stand-ins for the small one.
-LANGS = {"600m": (256047, 256042, 256001), "small": (4001, 4000, 4000)}
+NLLB_LANGS = (256047, 256042, 256001)
+LANGS = {"600m": NLLB_LANGS, "1.3b": NLLB_LANGS, "3.3b": NLLB_LANGS, "small": (4001, 4000, 4000)}
 
 
 def build_model(dir_, size, seed):
@@ -217,7 +225,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--attn", default=str(Path(__file__).resolve().parent.parent / "target" / "release" / "attn"))
     p.add_argument("--size", choices=sorted(SIZES), default="600m",
-                   help="600m: nllb-200-distilled-600M's architecture; small: a tiny one for testing")
+                   help="600m: nllb-200-distilled-600M's architecture (1.3b, 3.3b: the dense larger "
+                        "ones; transformers is slow there); small: a tiny one for testing")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--settings", default=",".join(SETTINGS), help=f"comma list of {', '.join(SETTINGS)}")
     p.add_argument("--src-len", type=int, default=24)

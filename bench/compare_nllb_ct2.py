@@ -79,16 +79,7 @@ import compare_multilingual as ml  # noqa: E402
 from compare_marian import ours_isa, run_ours_once  # noqa: E402
 from compare_precision import agreement  # noqa: E402
 
-ml.SIZES.update({
-    "1.3b": dict(vocab_size=256206, d_model=1024, encoder_layers=24, decoder_layers=24,
-                 encoder_attention_heads=16, decoder_attention_heads=16, encoder_ffn_dim=8192,
-                 decoder_ffn_dim=8192),
-    "3.3b": dict(vocab_size=256206, d_model=2048, encoder_layers=24, decoder_layers=24,
-                 encoder_attention_heads=16, decoder_attention_heads=16, encoder_ffn_dim=8192,
-                 decoder_ffn_dim=8192),
-})
-ml.LANGS.update({"1.3b": ml.LANGS["600m"], "3.3b": ml.LANGS["600m"]})
-SETTINGS = {"b1_greedy": (1, 1), "b8_greedy": (8, 1), "b8_beam4": (8, 4)}
+SETTINGS = ml.SETTINGS
 NAMES = {ml.BOS: "<s>", ml.PAD: "<pad>", ml.EOS: "</s>", 3: "<unk>"}
 
 

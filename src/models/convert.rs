@@ -386,9 +386,8 @@ fn sort_metadata(path: &Path) -> candle::Result<()> {
             .find('}')
             .ok_or_else(|| fail(&"a metadata object without its end"))?
         + 1;
-    let entries: HashMap<String, String> =
+    let sorted: std::collections::BTreeMap<String, String> =
         serde_json::from_str(&text[meta_start..meta_end]).map_err(|e| fail(&e))?;
-    let sorted: std::collections::BTreeMap<_, _> = entries.into_iter().collect();
     let rewritten = serde_json::to_string(&sorted).map_err(|e| fail(&e))?;
     if rewritten.len() != meta_end - meta_start {
         return Err(fail(&"the metadata changed length when sorted"));

@@ -10,9 +10,10 @@ pub const INT8_PANEL: usize = 64;
 pub const INT8_GROUP: usize = 4;
 
 /// The largest magnitude of `v` (0 for an empty slice), in 16 lanes so that it vectorises; a
-/// NaN anywhere makes it NaN. (Taken over the bits of `|x|` as integers instead, which would
-/// need no NaN test, the loop ran at half the speed: 81 vs 45 ms per 100 M weights of
-/// `Int8Matrix::quantize`, AMD EPYC Zen 4, AVX-512, 2026-12-05.)
+/// NaN anywhere makes it NaN. (Written for the compiler's vectoriser: taken over the bits of
+/// `|x|` as integers in plain Rust, the loop ran at half the speed, 81 vs 45 ms per 100 M
+/// weights, AMD EPYC Zen 4, AVX-512, 2026-12-05. The x86 weight kernels do take integer
+/// maxima of the bits, with intrinsics: `super::int8_x86`.)
 #[inline(always)]
 pub(crate) fn max_abs(v: &[f32]) -> f32 {
     let mut lanes = [0f32; 16];
@@ -38,7 +39,13 @@ pub(crate) fn max_abs(v: &[f32]) -> f32 {
 /// `None` when the row holds a NaN or an infinity.
 #[inline(always)]
 pub(crate) fn row_scale(v: &[f32]) -> Option<(f32, f32)> {
-    let amax = max_abs(v);
+    scale_for_max(max_abs(v))
+}
+
+/// The scale and `127 / amax` of a row whose largest magnitude is `amax` (0 and 0 for a zero
+/// row), or `None` when `amax` is a NaN or an infinity.
+#[inline(always)]
+pub(crate) fn scale_for_max(amax: f32) -> Option<(f32, f32)> {
     if !amax.is_finite() {
         return None;
     }
@@ -47,6 +54,10 @@ pub(crate) fn row_scale(v: &[f32]) -> Option<(f32, f32)> {
     }
     Some((amax / 127.0, 127.0 / amax))
 }
+
+/// `1.5 · 2²³`: added to a value in `-127 ..= 127`, it leaves no fraction bits, so the CPU
+/// rounds the sum to the nearest integer (ties to even) and its bits are `0x4b40_0000 + q`.
+pub(crate) const ROUNDING_MAGIC: f32 = 12_582_912.0;
 
 /// `round(v · inv)` (ties to even) clamped to `-127 ..= 127`, for a finite `v · inv`.
 ///
@@ -57,8 +68,7 @@ pub(crate) fn row_scale(v: &[f32]) -> Option<(f32, f32)> {
 /// performs one value at a time), so that the loop vectorises.
 #[inline(always)]
 pub(crate) fn quantize_value(v: f32, inv: f32) -> i8 {
-    const MAGIC: f32 = 12_582_912.0;
-    ((v * inv).clamp(-127.0, 127.0) + MAGIC).to_bits() as u8 as i8
+    ((v * inv).clamp(-127.0, 127.0) + ROUNDING_MAGIC).to_bits() as u8 as i8
 }
 
 /// Quantizes one row: `dst` gets its bytes (`q`, or `q + 128` as a byte when `flip` is

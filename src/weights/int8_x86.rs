@@ -3,9 +3,10 @@
 //! Each gives exactly the bytes, scales and sums of the portable definition
 //! ([`super::int8_rule::quantize_value`], [`super::int8_rule::row_scale`]): the largest magnitude is
 //! taken over the bits of `|v|` as unsigned integers (the same order as the floats' for
-//! finite values, and every NaN or infinity at or above `0x7f80_0000`, so one comparison
-//! refuses both), and each value is rounded by adding `1.5 · 2²³` as the portable code does,
-//! then read from the sum's bits (`0x4b40_0000 + q`).
+//! finite values, and every NaN or infinity above every finite value, so a row holding one
+//! gets a non-finite maximum, which [`super::int8_rule::scale_for_max`] refuses), and each
+//! value is rounded by adding [`super::int8_rule::ROUNDING_MAGIC`] as the portable code does,
+//! then read from the sum's bits.
 //!
 //! Why not the portable loop compiled for each level: it reached 45 ms per 100 M weights at
 //! the AVX-512 level (AMD EPYC Zen 4, 2 threads), where reading the f32 values and writing
@@ -13,27 +14,11 @@
 //! on Zen 4, 20% of the samples) and the NaN-aware `f32::max` into blends and lane inserts.
 //! Here every group of 4 bytes is one 32-bit store.
 
-use super::int8_rule::{quantize_value, INT8_GROUP, INT8_PANEL};
+use super::int8_rule::{quantize_value, scale_for_max, INT8_GROUP, INT8_PANEL, ROUNDING_MAGIC};
 use std::arch::x86_64::*;
 
-/// The bits of `1.5 · 2²³`, the rounding constant of [`super::int8_rule::quantize_value`].
-const MAGIC_BITS: i32 = 0x4b40_0000;
-/// `|v|`'s bits at or above this: an infinity or a NaN.
-const NOT_FINITE_BITS: u32 = 0x7f80_0000;
-
-/// The scale and `127 / max|v|` of a row whose largest `|v|` has the bits `amax_bits`, or
-/// `None` for a NaN or an infinity (as [`super::int8_rule::row_scale`]).
-#[inline(always)]
-fn scale_of(amax_bits: u32) -> Option<(f32, f32)> {
-    if amax_bits >= NOT_FINITE_BITS {
-        return None;
-    }
-    let amax = f32::from_bits(amax_bits);
-    if amax == 0.0 {
-        return Some((0.0, 0.0));
-    }
-    Some((amax / 127.0, 127.0 / amax))
-}
+/// The bits of [`ROUNDING_MAGIC`]: a rounded sum's bits less these are `q`.
+const MAGIC_BITS: i32 = ROUNDING_MAGIC.to_bits() as i32;
 
 /// Byte offset of group `g` of row `r` in a panel.
 #[inline(always)]
@@ -80,7 +65,9 @@ fn row_scales(
         let values = &w[r * cols..(r + 1) * cols];
         let tail = values[body..].iter().map(|v| v.to_bits() & 0x7fff_ffff);
         let bits = tail.fold(body_max(&values[..body]), u32::max);
-        (*scale, *inv) = scale_of(bits).ok_or(r)?;
+        // The largest bits are the largest magnitude's (a NaN's or an infinity's too, which
+        // `scale_for_max` refuses).
+        (*scale, *inv) = scale_for_max(f32::from_bits(bits)).ok_or(r)?;
     }
     Ok(())
 }
@@ -170,7 +157,7 @@ pub(super) unsafe fn quantize_panel_avx512(
     // writes one 32-bit group to each of 16 places 256 bytes apart. (Row by row, a row's
     // groups went to as many cache lines as it has groups: the quantizer ran at 40 ms per
     // 100 M weights, against 30 in this order, and 23–27 with the next panel prefetched.)
-    let magic = _mm512_set1_ps(f32::from_bits(MAGIC_BITS as u32));
+    let magic = _mm512_set1_ps(ROUNDING_MAGIC);
     let magic_bits = _mm512_set1_epi32(MAGIC_BITS);
     let (low, high) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
     let mut totals = [_mm512_setzero_si512(); INT8_PANEL];
@@ -240,7 +227,7 @@ pub(super) unsafe fn quantize_panel_avx2(
         unsafe { max_bits_avx2(v) }
     };
     row_scales(w, cols, body, scales, &mut invs, body_max)?;
-    let magic = _mm256_set1_ps(f32::from_bits(MAGIC_BITS as u32));
+    let magic = _mm256_set1_ps(ROUNDING_MAGIC);
     let magic_bits = _mm256_set1_epi32(MAGIC_BITS);
     let (low, high) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
     // Bytes 0, 4, 8, 12 of each half (its four values' low bytes) into its first 32 bits.
