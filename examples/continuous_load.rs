@@ -9,7 +9,10 @@
 //!     [CLIENTS] [REQUESTS] [ROWS] [TOKENS] [OUT]
 //! ```
 //! Warms the model up as `attn serve` does, then prints the resident set after the warm-up and
-//! its peak under the load, sentences/s, CPU seconds, steps and the mean rows a step; with
+//! its peak under the load, sentences/s, CPU seconds, steps and the mean rows a step, and the
+//! requests' latency percentiles (p50 / p90 / p99, from a request's push to its last
+//! sentence's end) in seconds and in steps (the steps, like the arrivals, do not depend on
+//! the clock: a scheduling change shows in them without noise); with
 //! OUT, writes each sentence's translation there (`LINE<TAB>TRANSLATION`, LINE 0-based in
 //! SENTENCES), to be compared with `attn translate --model` on the same lines.
 
@@ -42,6 +45,8 @@ struct Book {
     owner: HashMap<u64, usize>,
     /// Tag -> corpus line.
     sentence_of: HashMap<u64, usize>,
+    /// Request -> the step and the instant it was pushed at.
+    sent: HashMap<usize, (u64, Instant)>,
 }
 
 /// A `/proc/self/status` field in MB (`VmRSS`, `VmHWM`).
@@ -101,32 +106,38 @@ fn main() -> anyhow::Result<()> {
     let mut book = Book::default();
     let mut outputs: Vec<(usize, String)> = Vec::new();
     let mut tag = 0u64;
-    let mut push =
-        |running: &mut candle_attention::translator::Continuous<'_>, book: &mut Book, r: usize| {
-            let Book {
-                open,
-                owner,
-                sentence_of,
-            } = book;
-            let n = 1 + r % 3;
-            for _ in 0..n {
-                let line = next_sentence % sentences.len();
-                let s = &sentences[line];
-                sentence_of.insert(tag, line);
-                next_sentence += 1;
-                running
-                    .push(tag, s, None, &options)
-                    .expect("a corpus sentence");
-                owner.insert(tag, r);
-                tag += 1;
-            }
-            open.insert(r, n);
-        };
+    let mut push = |running: &mut candle_attention::translator::Continuous<'_>,
+                    book: &mut Book,
+                    r: usize,
+                    step: u64| {
+        let Book {
+            open,
+            owner,
+            sentence_of,
+            sent,
+        } = book;
+        let n = 1 + r % 3;
+        for _ in 0..n {
+            let line = next_sentence % sentences.len();
+            let s = &sentences[line];
+            sentence_of.insert(tag, line);
+            next_sentence += 1;
+            running
+                .push(tag, s, None, &options)
+                .expect("a corpus sentence");
+            owner.insert(tag, r);
+            tag += 1;
+        }
+        open.insert(r, n);
+        sent.insert(r, (step, Instant::now()));
+    };
     let mut next_request = 0usize;
     while next_request < clients.min(requests) {
-        push(&mut running, &mut book, next_request);
+        push(&mut running, &mut book, next_request, 0);
         next_request += 1;
     }
+    // Per request: steps and seconds from its push to its last sentence's end.
+    let mut latencies: Vec<(u64, f64)> = Vec::new();
     let (t0, c0) = (Instant::now(), cpu_seconds());
     let (mut steps, mut row_steps, mut done_requests, mut done_sentences) = (0u64, 0u64, 0, 0);
     // As `attn serve`: on a thread of rayon's pool (the kernels' parallel loops then need no
@@ -145,9 +156,11 @@ fn main() -> anyhow::Result<()> {
                 *left -= 1;
                 if *left == 0 {
                     book.open.remove(&r);
+                    let (at, when) = book.sent.remove(&r).expect("a request pushed");
+                    latencies.push((steps - at, when.elapsed().as_secs_f64()));
                     done_requests += 1;
                     if next_request < requests {
-                        push(&mut running, &mut book, next_request);
+                        push(&mut running, &mut book, next_request, steps);
                         next_request += 1;
                     }
                 }
@@ -166,6 +179,22 @@ fn main() -> anyhow::Result<()> {
         std::fs::write(path, text)?;
     }
     let peak_mb = status_mb("VmHWM");
+    let quantile = |q: f64, pick: fn(&(u64, f64)) -> f64| {
+        let mut v: Vec<f64> = latencies.iter().map(pick).collect();
+        v.sort_by(f64::total_cmp);
+        v.get(((v.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
+    println!(
+        "request latency p50 / p90 / p99: {:.2} / {:.2} / {:.2} s, {:.0} / {:.0} / {:.0} steps",
+        quantile(0.5, |l| l.1),
+        quantile(0.9, |l| l.1),
+        quantile(0.99, |l| l.1),
+        quantile(0.5, |l| l.0 as f64),
+        quantile(0.9, |l| l.0 as f64),
+        quantile(0.99, |l| l.0 as f64),
+    );
     println!(
         "resident set: {idle_mb:.0} MB after the warm-up, peak {peak_mb:.0} MB under load ({:.2}x)",
         peak_mb / idle_mb

@@ -270,6 +270,50 @@ fn a_missing_directory_says_what_it_takes() {
     assert!(err.to_string().contains("max_batch_tokens"), "{err}");
 }
 
+/// Texts arriving one step after another each start a cohort while a quarter of the row cap is
+/// free, up to four cohorts decoding at once (a fifth waits), and each gets what it gets alone.
+#[test]
+fn arriving_texts_start_up_to_four_cohorts() {
+    let m = Translator::builder(fixture("marian_e2e"))
+        .max_batch_rows(8)
+        .build()
+        .unwrap();
+    let options = TranslateOptions::beam(1);
+    // The fixture text with the longest greedy translation, so that none ends in 5 steps.
+    let (text, alone) = marian_texts()
+        .into_iter()
+        .map(|t| {
+            let out = m.translate(&[&t], &options).unwrap().remove(0).unwrap();
+            (t, out)
+        })
+        .max_by_key(|(_, out)| out.generated_tokens)
+        .unwrap();
+    assert!(alone.generated_tokens > 6, "{}", alone.generated_tokens);
+    let mut running = m.continuous();
+    let mut rows = Vec::new();
+    let mut results = Vec::new();
+    for tag in 0..5u64 {
+        running.push(tag, &text, None, &options).unwrap();
+        results.extend(running.step());
+        rows.push(running.running_rows());
+    }
+    // One row a text: four cohorts of one (8 rows, a quarter = 2 free), the fifth waiting.
+    assert_eq!(rows, [1, 2, 3, 4, 4]);
+    assert_eq!(running.waiting(), 1);
+    while !running.is_idle() {
+        results.extend(running.step());
+    }
+    assert_eq!(results.len(), 5);
+    for (tag, result) in results {
+        let got = result.unwrap();
+        assert_eq!(
+            (got.text, got.tokens),
+            (alone.text.clone(), alone.tokens.clone()),
+            "{tag}"
+        );
+    }
+}
+
 /// Continuous batching: texts pushed while others decode, a cancelled text, the row cap; every
 /// result equal to the text's translation alone.
 #[test]

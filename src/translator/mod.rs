@@ -32,6 +32,7 @@ mod error;
 mod languages;
 mod types;
 
+use continuous::Admission;
 pub use continuous::Continuous;
 pub use core::{DEFAULT_MAX_BATCH_TOKENS, MAX_BATCH_ROWS};
 pub use error::{ErrorKind, TranslateError};
@@ -311,7 +312,7 @@ impl Translator {
             }
             // Shortest first: a cohort pads little and its texts end at about the same step.
             todo.sort_by_key(|(i, ids)| (ids.len(), *i));
-            let mut running = Continuous::over(&self.core);
+            let mut running = Continuous::over(&self.core, Admission::SORTED);
             for (i, ids) in todo {
                 running.push_ids(i as u64, ids, &request, options);
             }
@@ -393,7 +394,7 @@ impl Translator {
     /// A running batch over this model for texts that arrive over time (continuous batching;
     /// see [`Continuous`]).
     pub fn continuous(&self) -> Continuous<'_> {
-        Continuous::over(&self.core)
+        Continuous::over(&self.core, Admission::ARRIVING)
     }
 }
 
