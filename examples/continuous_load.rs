@@ -179,21 +179,20 @@ fn main() -> anyhow::Result<()> {
         std::fs::write(path, text)?;
     }
     let peak_mb = status_mb("VmHWM");
-    let quantile = |q: f64, pick: fn(&(u64, f64)) -> f64| {
-        let mut v: Vec<f64> = latencies.iter().map(pick).collect();
+    // p50, p90 and p99 of each series, each sorted once.
+    let percentiles = |mut v: Vec<f64>| -> [f64; 3] {
         v.sort_by(f64::total_cmp);
-        v.get(((v.len() as f64 - 1.0) * q).round() as usize)
-            .copied()
-            .unwrap_or(0.0)
+        [0.5, 0.9, 0.99].map(|q| {
+            v.get(((v.len() as f64 - 1.0) * q).round() as usize)
+                .copied()
+                .unwrap_or(0.0)
+        })
     };
+    let [s50, s90, s99] = percentiles(latencies.iter().map(|l| l.1).collect());
+    let [t50, t90, t99] = percentiles(latencies.iter().map(|l| l.0 as f64).collect());
     println!(
-        "request latency p50 / p90 / p99: {:.2} / {:.2} / {:.2} s, {:.0} / {:.0} / {:.0} steps",
-        quantile(0.5, |l| l.1),
-        quantile(0.9, |l| l.1),
-        quantile(0.99, |l| l.1),
-        quantile(0.5, |l| l.0 as f64),
-        quantile(0.9, |l| l.0 as f64),
-        quantile(0.99, |l| l.0 as f64),
+        "request latency p50 / p90 / p99: {s50:.2} / {s90:.2} / {s99:.2} s, \
+         {t50:.0} / {t90:.0} / {t99:.0} steps"
     );
     println!(
         "resident set: {idle_mb:.0} MB after the warm-up, peak {peak_mb:.0} MB under load ({:.2}x)",

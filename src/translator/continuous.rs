@@ -9,7 +9,8 @@
 //! step and no long text holds a cohort open for a few rows), then advances every cohort
 //! by one decoding step and hands out the texts that ended. The cohorts step in one model
 //! call: the projections, feed-forward networks and output projection run once over the rows
-//! of all of them, and only attention runs cohort by cohort, over each one's caches (so a new cohort costs its rows, not another pass over the weights).
+//! of all of them, and only attention runs cohort by cohort, over each one's caches (so a new
+//! cohort costs its rows, not another pass over the weights).
 //! Finished rows leave their cohort's state at once (greedy: at EOS; beam search: when the
 //! text's result can no longer change), so the room they free is taken by new texts at the
 //! next step. Rows are independent, so a text's result does not depend on the texts it decodes
@@ -111,8 +112,10 @@ pub struct Continuous<'t> {
 }
 
 impl<'t> Continuous<'t> {
-    /// An empty running batch over a translator's model (its token budget and row cap),
-    /// starting cohorts as `admission` says: [`Translator::continuous`](super::Translator::continuous).
+    /// An empty running batch over a translator's model (its token budget and row cap) that
+    /// starts cohorts as `admission` says ([`Admission::ARRIVING`] for
+    /// [`Translator::continuous`](super::Translator::continuous), [`Admission::SORTED`] for
+    /// [`Translator::translate`](super::Translator::translate)).
     pub(crate) fn over(translator: &'t Core, admission: Admission) -> Self {
         Self {
             translator,
