@@ -297,10 +297,7 @@ impl Engine {
         let worker = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("attn-engine".into())
-            .spawn(move || {
-                // On rayon's pool: the kernels' parallel loops then include this thread.
-                rayon::scope(|s| s.spawn(|_| run(&worker, &translators)));
-            })
+            .spawn(move || run(&worker, &translators))
             .context("starting the engine thread")?;
         Ok(Engine {
             shared,
@@ -402,8 +399,15 @@ fn inbox_sentences(inbox: &Inbox) -> usize {
     inbox.jobs.iter().map(|j| j.0.sentences.len()).sum()
 }
 
-/// The decoding loop: takes jobs in, steps every model with work, answers finished jobs, drops
-/// the sentences of jobs nobody waits for any more.
+/// The decoding loop, on the engine's own thread: takes jobs in, steps every model with work,
+/// answers finished jobs, drops the sentences of jobs nobody waits for any more.
+///
+/// While there is work it runs on a thread of rayon's pool (the kernels' parallel loops then
+/// include that thread: running them from outside the pool cost 10%); when there is none it
+/// waits on its own thread. A job that blocks inside the pool holds one of its threads: an
+/// idle engine waiting there left the pool a thread short, and with as many engines alive as
+/// threads (the tests run several at once) rayon stacked one engine's wait under another's
+/// and everything stopped.
 fn run(shared: &Shared, translators: &[Arc<Translator>]) {
     let mut batches: Vec<Continuous<'_>> = translators.iter().map(|t| t.continuous()).collect();
     let mut jobs: HashMap<u64, Pending> = HashMap::new();
@@ -412,161 +416,180 @@ fn run(shared: &Shared, translators: &[Arc<Translator>]) {
     let mut next_job = 0u64;
     let mut next_tag = 0u64;
     let mut capacity = Capacity::new();
-    loop {
-        let arrived = {
-            let mut inbox = shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
-            while inbox.jobs.is_empty()
-                && !inbox.stop
-                && jobs.is_empty()
-                && batches.iter().all(Continuous::is_idle)
-            {
-                inbox = shared.wake.wait(inbox).unwrap_or_else(|e| e.into_inner());
-            }
-            if inbox.stop {
-                for (_, job) in jobs.drain() {
-                    if let Some(reply) = job.reply {
+    // Steps until there is nothing to do (false) or the engine stops (true).
+    let mut busy = || -> bool {
+        loop {
+            let arrived = {
+                let mut inbox = shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
+                if inbox.jobs.is_empty()
+                    && !inbox.stop
+                    && jobs.is_empty()
+                    && batches.iter().all(Continuous::is_idle)
+                {
+                    return false;
+                }
+                if inbox.stop {
+                    for (_, job) in jobs.drain() {
+                        if let Some(reply) = job.reply {
+                            let _ = reply.send(Err(JobError::Stopped));
+                        }
+                    }
+                    for (_, _, reply) in inbox.jobs.drain(..) {
                         let _ = reply.send(Err(JobError::Stopped));
                     }
+                    return true;
                 }
-                for (_, _, reply) in inbox.jobs.drain(..) {
-                    let _ = reply.send(Err(JobError::Stopped));
-                }
-                return;
-            }
-            std::mem::take(&mut inbox.jobs)
-        };
-        for (job, route, reply) in arrived {
-            let id = next_job;
-            next_job += 1;
-            let options = TranslateOptions {
-                n_best: job.alternatives + 1,
-                ..TranslateOptions::default()
+                std::mem::take(&mut inbox.jobs)
             };
-            let mut pending = Pending {
-                reply: Some(reply),
-                results: vec![None; job.sentences.len()],
-                left: 0,
-                deadline: job.deadline,
-                tags: Vec::new(),
-                alternatives: job.alternatives,
-            };
-            let pair = Some((route.source.as_str(), route.target.as_str()));
-            for (i, sentence) in job.sentences.iter().enumerate() {
-                if sentence.trim().is_empty() {
-                    pending.results[i] = Some(Ok(Sentence {
-                        text: sentence.clone(),
-                        alternatives: Vec::new(),
-                    }));
-                    continue;
-                }
-                let tag = next_tag;
-                next_tag += 1;
-                match batches[route.model].push(tag, sentence, pair, &options) {
-                    Ok(()) => {
-                        owner.insert(tag, (id, i));
-                        pending.tags.push((route.model, tag));
-                        pending.left += 1;
+            for (job, route, reply) in arrived {
+                let id = next_job;
+                next_job += 1;
+                let options = TranslateOptions {
+                    n_best: job.alternatives + 1,
+                    ..TranslateOptions::default()
+                };
+                let mut pending = Pending {
+                    reply: Some(reply),
+                    results: vec![None; job.sentences.len()],
+                    left: 0,
+                    deadline: job.deadline,
+                    tags: Vec::new(),
+                    alternatives: job.alternatives,
+                };
+                let pair = Some((route.source.as_str(), route.target.as_str()));
+                for (i, sentence) in job.sentences.iter().enumerate() {
+                    if sentence.trim().is_empty() {
+                        pending.results[i] = Some(Ok(Sentence {
+                            text: sentence.clone(),
+                            alternatives: Vec::new(),
+                        }));
+                        continue;
                     }
-                    Err(e) => pending.results[i] = Some(Err(e)),
+                    let tag = next_tag;
+                    next_tag += 1;
+                    match batches[route.model].push(tag, sentence, pair, &options) {
+                        Ok(()) => {
+                            owner.insert(tag, (id, i));
+                            pending.tags.push((route.model, tag));
+                            pending.left += 1;
+                        }
+                        Err(e) => pending.results[i] = Some(Err(e)),
+                    }
                 }
+                jobs.insert(id, pending);
             }
-            jobs.insert(id, pending);
-        }
-        // Jobs nobody waits for (receiver dropped) or past their deadline leave the batch.
-        let now = Instant::now();
-        let gone: Vec<u64> = jobs
-            .iter()
-            .filter(|(_, j)| j.reply.as_ref().is_none_or(|r| r.is_closed()) || now >= j.deadline)
-            .map(|(&id, _)| id)
-            .collect();
-        if !gone.is_empty() {
-            for &id in &gone {
-                if let Some(job) = jobs.get(&id) {
+            // Jobs nobody waits for (receiver dropped) or past their deadline leave the batch.
+            let now = Instant::now();
+            let gone: Vec<u64> = jobs
+                .iter()
+                .filter(|(_, j)| {
+                    j.reply.as_ref().is_none_or(|r| r.is_closed()) || now >= j.deadline
+                })
+                .map(|(&id, _)| id)
+                .collect();
+            if !gone.is_empty() {
+                for &id in &gone {
+                    if let Some(job) = jobs.get(&id) {
+                        for &(model, tag) in &job.tags {
+                            batches[model].cancel(tag);
+                        }
+                    }
+                }
+                publish(shared, &batches, owner.len());
+            }
+            for id in gone {
+                if let Some(mut job) = jobs.remove(&id) {
                     for &(model, tag) in &job.tags {
                         batches[model].cancel(tag);
+                        owner.remove(&tag);
+                    }
+                    if let Some(reply) = job.reply.take() {
+                        let _ = reply.send(Err(JobError::TimedOut));
                     }
                 }
             }
+            // One step of every model with work.
+            let mut finished = 0;
+            for batch in batches.iter_mut().filter(|b| !b.is_idle()) {
+                for (tag, result) in batch.step() {
+                    finished += 1;
+                    let Some((id, i)) = owner.remove(&tag) else {
+                        continue;
+                    };
+                    if let Some(job) = jobs.get_mut(&id) {
+                        let alternatives = job.alternatives;
+                        job.results[i] = Some(result.map(|t| {
+                            Sentence {
+                                alternatives: t
+                                    .alternatives
+                                    .into_iter()
+                                    .skip(1)
+                                    .take(alternatives)
+                                    .map(|a| a.text)
+                                    .collect(),
+                                text: t.text,
+                            }
+                        }));
+                        job.left -= 1;
+                        job.tags.retain(|&(_, t)| t != tag);
+                    }
+                }
+            }
+            capacity.record(
+                shared,
+                finished,
+                batches.iter().map(Continuous::waiting).sum(),
+            );
+            // The gauges first, so that whoever is answered next sees them current.
             publish(shared, &batches, owner.len());
-        }
-        for id in gone {
-            if let Some(mut job) = jobs.remove(&id) {
-                for &(model, tag) in &job.tags {
-                    batches[model].cancel(tag);
-                    owner.remove(&tag);
-                }
-                if let Some(reply) = job.reply.take() {
-                    let _ = reply.send(Err(JobError::TimedOut));
+            // Answer the jobs that are complete.
+            let complete: Vec<u64> = jobs
+                .iter()
+                .filter(|(_, j)| j.left == 0)
+                .map(|(&id, _)| id)
+                .collect();
+            for id in complete {
+                if let Some(mut job) = jobs.remove(&id) {
+                    let results = job
+                        .results
+                        .drain(..)
+                        .map(|r| {
+                            r.unwrap_or_else(|| Err(TranslateError::model("internal: no result")))
+                        })
+                        .collect();
+                    if let Some(reply) = job.reply.take() {
+                        let _ = reply.send(Ok(results));
+                    }
                 }
             }
-        }
-        // One step of every model with work.
-        let mut finished = 0;
-        for batch in batches.iter_mut().filter(|b| !b.is_idle()) {
-            for (tag, result) in batch.step() {
-                finished += 1;
-                let Some((id, i)) = owner.remove(&tag) else {
-                    continue;
-                };
-                if let Some(job) = jobs.get_mut(&id) {
-                    let alternatives = job.alternatives;
-                    job.results[i] = Some(result.map(|t| {
-                        Sentence {
-                            alternatives: t
-                                .alternatives
-                                .into_iter()
-                                .skip(1)
-                                .take(alternatives)
-                                .map(|a| a.text)
-                                .collect(),
-                            text: t.text,
-                        }
-                    }));
-                    job.left -= 1;
-                    job.tags.retain(|&(_, t)| t != tag);
+            if jobs.is_empty() && batches.iter().all(Continuous::is_idle) {
+                // Nothing to do until a job arrives (the wait above).
+                continue;
+            }
+            // A job whose deadline is the only thing left to watch: do not spin.
+            if batches.iter().all(Continuous::is_idle) {
+                let next = jobs.values().map(|j| j.deadline).min();
+                let inbox = shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
+                if inbox.jobs.is_empty() && !inbox.stop {
+                    let wait = next
+                        .map(|d| d.saturating_duration_since(Instant::now()))
+                        .unwrap_or(Duration::from_millis(50))
+                        .min(Duration::from_millis(50));
+                    let _ = shared.wake.wait_timeout(inbox, wait);
                 }
             }
         }
-        capacity.record(
-            shared,
-            finished,
-            batches.iter().map(Continuous::waiting).sum(),
-        );
-        // The gauges first, so that whoever is answered next sees them current.
-        publish(shared, &batches, owner.len());
-        // Answer the jobs that are complete.
-        let complete: Vec<u64> = jobs
-            .iter()
-            .filter(|(_, j)| j.left == 0)
-            .map(|(&id, _)| id)
-            .collect();
-        for id in complete {
-            if let Some(mut job) = jobs.remove(&id) {
-                let results = job
-                    .results
-                    .drain(..)
-                    .map(|r| r.unwrap_or_else(|| Err(TranslateError::model("internal: no result"))))
-                    .collect();
-                if let Some(reply) = job.reply.take() {
-                    let _ = reply.send(Ok(results));
-                }
-            }
+    };
+    loop {
+        let mut stopped = false;
+        rayon::scope(|s| s.spawn(|_| stopped = busy()));
+        if stopped {
+            return;
         }
-        if jobs.is_empty() && batches.iter().all(Continuous::is_idle) {
-            // Nothing to do until a job arrives (the wait above).
-            continue;
-        }
-        // A job whose deadline is the only thing left to watch: do not spin.
-        if batches.iter().all(Continuous::is_idle) {
-            let next = jobs.values().map(|j| j.deadline).min();
-            let inbox = shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
-            if inbox.jobs.is_empty() && !inbox.stop {
-                let wait = next
-                    .map(|d| d.saturating_duration_since(Instant::now()))
-                    .unwrap_or(Duration::from_millis(50))
-                    .min(Duration::from_millis(50));
-                let _ = shared.wake.wait_timeout(inbox, wait);
-            }
+        // Nothing to do: wait for a job here, off the pool.
+        let mut inbox = shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        while inbox.jobs.is_empty() && !inbox.stop {
+            inbox = shared.wake.wait(inbox).unwrap_or_else(|e| e.into_inner());
         }
     }
 }
