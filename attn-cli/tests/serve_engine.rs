@@ -237,3 +237,48 @@ fn a_multilingual_model_serves_every_pair_of_its_languages() {
         .unwrap();
     assert_eq!(out[0].as_ref().unwrap().text, want);
 }
+
+/// More engines alive at once than rayon has threads (as when several servers or these tests
+/// share a process): each loads and answers. An engine that waited for work on a thread of
+/// the pool held that thread while idle; with as many idle engines as threads, the next
+/// engine's work (its warm-up first) never ran. A hang fails here after two minutes.
+#[test]
+fn more_engines_than_pool_threads_each_answer() {
+    let count = rayon::current_num_threads() + 2;
+    let text = sentences()[0].clone();
+    let go = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    for i in 0..count {
+        let (tx, text, go) = (tx.clone(), text.clone(), Arc::clone(&go));
+        std::thread::spawn(move || {
+            let engine = marian_engine(100);
+            let _ = tx.send((i, "loaded", true));
+            // Every engine alive and idle before any work arrives.
+            let (lock, wake) = &*go;
+            let mut started = lock.lock().unwrap();
+            while !*started {
+                started = wake.wait(started).unwrap();
+            }
+            drop(started);
+            let answer = engine.submit(job(&[&text], 120)).unwrap().blocking_recv();
+            let _ = tx.send((i, "answered", answer.map(|r| r.is_ok()).unwrap_or(false)));
+        });
+    }
+    drop(tx);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let wait_for = |what: &str| {
+        for _ in 0..count {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (i, event, ok) = rx
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("not every one of {count} engines {what} in 120 s"));
+            assert_eq!(event, what);
+            assert!(ok, "engine {i} answered with an error");
+        }
+    };
+    wait_for("loaded");
+    std::thread::sleep(Duration::from_millis(200));
+    *go.0.lock().unwrap() = true;
+    go.1.notify_all();
+    wait_for("answered");
+}
