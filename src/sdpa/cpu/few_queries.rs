@@ -71,8 +71,8 @@ fn run(isa: Isa, inp: &Inputs, out: OutRows, bk: usize) {
     let nchunks = s.div_ceil(chunk);
     let scratch_len = group_scratch_len(d.d, dv, bk, g, inp.kind);
     if nchunks == 1 {
-        // One chunk a (batch, head) (every decoding step over fewer than 2 · MIN_CHUNK keys):
-        // its task writes the normalised rows straight into the output, as the tiled kernel
+        // One chunk a (batch, head) (at most MIN_CHUNK keys, or B · H alone gives every
+        // thread four tasks: any batch of beams decoding on two threads): its task writes the normalised rows straight into the output, as the tiled kernel
         // does, with no partials to allocate and no merging pass (a second fork-join per
         // call: 2.5% of a MarianMT beam-search step at 32 clients, `continuous_load`).
         (0..d.b * d.h).into_par_iter().for_each(|bh| {
