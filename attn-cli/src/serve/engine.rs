@@ -416,18 +416,11 @@ fn run(shared: &Shared, translators: &[Arc<Translator>]) {
     let mut next_job = 0u64;
     let mut next_tag = 0u64;
     let mut capacity = Capacity::new();
-    // Steps until there is nothing to do (false) or the engine stops (true).
-    let mut busy = || -> bool {
+    // Steps until no model has anything to step, or the engine stops.
+    let mut busy = || -> Pause {
         loop {
             let arrived = {
                 let mut inbox = shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
-                if inbox.jobs.is_empty()
-                    && !inbox.stop
-                    && jobs.is_empty()
-                    && batches.iter().all(Continuous::is_idle)
-                {
-                    return false;
-                }
                 if inbox.stop {
                     for (_, job) in jobs.drain() {
                         if let Some(reply) = job.reply {
@@ -437,7 +430,7 @@ fn run(shared: &Shared, translators: &[Arc<Translator>]) {
                     for (_, _, reply) in inbox.jobs.drain(..) {
                         let _ = reply.send(Err(JobError::Stopped));
                     }
-                    return true;
+                    return Pause::Stopped;
                 }
                 std::mem::take(&mut inbox.jobs)
             };
@@ -562,36 +555,51 @@ fn run(shared: &Shared, translators: &[Arc<Translator>]) {
                     }
                 }
             }
-            if jobs.is_empty() && batches.iter().all(Continuous::is_idle) {
-                // Nothing to do until a job arrives (the wait above).
-                continue;
-            }
-            // A job whose deadline is the only thing left to watch: do not spin.
             if batches.iter().all(Continuous::is_idle) {
-                let next = jobs.values().map(|j| j.deadline).min();
-                let inbox = shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
-                if inbox.jobs.is_empty() && !inbox.stop {
-                    let wait = next
-                        .map(|d| d.saturating_duration_since(Instant::now()))
-                        .unwrap_or(Duration::from_millis(50))
-                        .min(Duration::from_millis(50));
-                    let _ = shared.wake.wait_timeout(inbox, wait);
-                }
+                return match jobs.values().map(|j| j.deadline).min() {
+                    None => Pause::Idle,
+                    Some(deadline) => Pause::Watch(deadline),
+                };
             }
         }
     };
     loop {
-        let mut stopped = false;
-        rayon::scope(|s| s.spawn(|_| stopped = busy()));
-        if stopped {
-            return;
-        }
-        // Nothing to do: wait for a job here, off the pool.
+        let mut pause = Pause::Idle;
+        rayon::scope(|s| s.spawn(|_| pause = busy()));
+        // Nothing to step: wait here, off the pool, for a job (or, while a job with nothing
+        // decoding is open, for its deadline, looking every 50 ms for a client that left).
+        let watch = match pause {
+            Pause::Stopped => return,
+            Pause::Idle => None,
+            Pause::Watch(deadline) => Some(
+                deadline
+                    .saturating_duration_since(Instant::now())
+                    .min(Duration::from_millis(50)),
+            ),
+        };
         let mut inbox = shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
-        while inbox.jobs.is_empty() && !inbox.stop {
-            inbox = shared.wake.wait(inbox).unwrap_or_else(|e| e.into_inner());
+        match watch {
+            None => {
+                while inbox.jobs.is_empty() && !inbox.stop {
+                    inbox = shared.wake.wait(inbox).unwrap_or_else(|e| e.into_inner());
+                }
+            }
+            Some(wait) if inbox.jobs.is_empty() && !inbox.stop => {
+                let _ = shared.wake.wait_timeout(inbox, wait);
+            }
+            Some(_) => {}
         }
     }
+}
+
+/// Why the decoding loop stopped stepping ([`run`]).
+enum Pause {
+    /// The engine is stopping; every open job has been answered.
+    Stopped,
+    /// Nothing is open: wait for a job.
+    Idle,
+    /// Jobs are open but nothing decodes for them: wait for a job or until this deadline.
+    Watch(Instant),
 }
 
 /// Stores the gauges (sentences waiting, rows running, tokens generated) for the HTTP side; called

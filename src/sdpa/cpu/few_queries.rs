@@ -15,7 +15,8 @@
 //! thread its tasks) there is nothing to merge: each task normalises its rows into the output
 //! itself, which gives the same floats as merging one chunk (`w = 2^0 = 1`).
 //!
-//! Extra memory: `O(B · H · chunks · L · Dv)` for the partials. Fully masked rows give zeros.
+//! Extra memory: `O(B · H · chunks · L · Dv)` for the partials when there are several chunks,
+//! none with one. Fully masked rows give zeros.
 
 use super::half::Kind;
 use super::prepare::{Inputs, OutBlock, OutRows, Prepared};
@@ -69,37 +70,17 @@ fn run(isa: Isa, inp: &Inputs, out: OutRows, bk: usize) {
     let want = (4 * threads).div_ceil(d.b * d.h).max(1);
     let chunk = s.div_ceil(want).max(MIN_CHUNK).min(s.max(1));
     let nchunks = s.div_ceil(chunk);
-    let scratch_len = group_scratch_len(d.d, dv, bk, g, inp.kind);
     if nchunks == 1 {
         // One chunk a (batch, head) (at most MIN_CHUNK keys, or B · H alone gives every
-        // thread four tasks: any batch of beams decoding on two threads): its task writes the normalised rows straight into the output, as the tiled kernel
-        // does, with no partials to allocate and no merging pass (a second fork-join per
-        // call: 2.5% of a MarianMT beam-search step at 32 clients, `continuous_load`).
-        (0..d.b * d.h).into_par_iter().for_each(|bh| {
-            let (b, h) = (bh / d.h, bh % d.h);
-            with_scratch(scratch_len, |scratch| {
-                // SAFETY: rows (b, 0 .. L, h) of the output exist and are written by this
-                // (b, h) task only; l <= g·BQ by the choice of g.
-                unsafe {
-                    query_group(
-                        isa,
-                        inp,
-                        b,
-                        h,
-                        0,
-                        out.block(b, 0, h, l),
-                        bk,
-                        g,
-                        0..s,
-                        Default::default(),
-                        None,
-                        scratch,
-                    )
-                }
-            });
-        });
+        // thread four tasks: any batch of beams decoding on two threads): each task writes
+        // its normalised rows straight into the output, as the tiled kernel does, with no
+        // partials to allocate and no merging pass (a second fork-join a call: 2.5% of a
+        // MarianMT beam-search step at 32 clients, `continuous_load`, AMD EPYC Zen 4 at the
+        // AVX-512 level).
+        super::tiled::run_tiled(isa, inp, out, bk, g, false);
         return;
     }
+    let scratch_len = group_scratch_len(d.d, dv, bk, g, inp.kind);
     let part_len = l * (dv + 2);
     let mut parts = vec![0f32; d.b * d.h * nchunks * part_len];
     parts

@@ -37,7 +37,7 @@ pub fn attention_with(
     let isa = Isa::at_most(cfg.isa);
     let kind = Kind::choose(prep.in_dtype, isa, cfg.half_dot);
     let bk = cfg.block_k_at(isa);
-    prep.run(isa, kind, |inp, out| run_tiled(isa, inp, out, bk, g))
+    prep.run(isa, kind, |inp, out| run_tiled(isa, inp, out, bk, g, true))
 }
 
 /// Query blocks per task (1, 2 or 4): a task walks the keys once for all its blocks, so each
@@ -53,11 +53,27 @@ fn blocks_per_task(dims: &Dims) -> usize {
     g
 }
 
-fn run_tiled(isa: Isa, inp: &Inputs, out: OutRows, bk: usize, g: usize) {
+/// Attention of every `(batch, head, query group of g · BQ queries)` of `inp` as one task that
+/// walks all the keys and writes its normalised rows into `out` (`(B, L, H, Dv)`). With
+/// `copy_shared`, keys and values that several tasks walk are first copied or packed once
+/// ([`HeadCopies`]); without, every task reads them in place (the few-queries path when each
+/// `(batch, head)` is one task, which reads in place as its split path does).
+pub(super) fn run_tiled(
+    isa: Isa,
+    inp: &Inputs,
+    out: OutRows,
+    bk: usize,
+    g: usize,
+    copy_shared: bool,
+) {
     let Dims { b, h, l, d, dv, .. } = inp.dims;
     let groups = l.div_ceil(g * BQ);
     let scratch_len = group_scratch_len(d, dv, bk, g, inp.kind);
-    let copies = HeadCopies::new(inp, bk, groups);
+    let copies = if copy_shared {
+        HeadCopies::new(inp, bk, groups)
+    } else {
+        HeadCopies::in_place(inp)
+    };
     (0..b * h * groups).into_par_iter().for_each(|t| {
         let (bh, gi) = (t / groups, t % groups);
         let (bb, hh) = (bh / h, bh % h);
@@ -147,6 +163,17 @@ impl HeadCopies {
             key_len,
             value_len,
             hkv,
+        }
+    }
+
+    /// No copies: every task reads the inputs' keys and values in place.
+    fn in_place(inp: &Inputs) -> Self {
+        Self {
+            keys: None,
+            values: None,
+            key_len: 0,
+            value_len: 0,
+            hkv: inp.dims.hkv,
         }
     }
 
