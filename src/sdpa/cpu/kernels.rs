@@ -170,6 +170,18 @@ pub(super) fn softmax_update(
             && alpha.len() >= 16 * nv
     );
     match isa {
+        // SAFETY: avx512f detected (see `Isa`); lengths asserted above (nq >= 1 reads
+        // m, l, alpha[0]).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 if nq == 1 => unsafe {
+            avx512::softmax_update_one(
+                st.as_mut_ptr(),
+                nk,
+                m.as_mut_ptr(),
+                l.as_mut_ptr(),
+                alpha.as_mut_ptr(),
+            )
+        },
         // SAFETY: avx512f detected (see `Isa`); lengths asserted above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe {

@@ -362,15 +362,17 @@ fn reference_dv(
 
 /// The row-wise score kernel of short query blocks (decoding) at every instruction set equals
 /// the scores written out in f64, with the lanes past the block's rows zero, across head sizes
-/// off the vector widths, key counts off the 8- and 16-key groups and key strides wider than
-/// the rows (a cache's spare capacity).
+/// off the vector widths, key counts off the 8- and 16-key groups (and off the quads of four
+/// keys a short group computes at the AVX-512 level) and key strides wider than the rows (a
+/// cache's spare capacity). Each key's score is the same floats as that key scored alone: it
+/// does not depend on how many keys share its group.
 #[test]
 fn row_wise_scores_match_the_reference_at_every_level() {
     use super::kernels::scores_few;
     use super::tile::FEW_QUERIES;
     for isa in crate::simd::isas() {
         for d in [1, 7, 8, 15, 16, 17, 33, 64, 80] {
-            for nk in [1, 5, 8, 16, 17, 40] {
+            for nk in [1, 3, 5, 8, 11, 14, 16, 17, 31, 40] {
                 for nq in 1..=FEW_QUERIES {
                     let (qs, ks) = (d + 3, d + 5);
                     let q = values(nq * qs, 1.5);
@@ -394,6 +396,16 @@ fn row_wise_scores_match_the_reference_at_every_level() {
                                 "{isa:?} d {d} nk {nk} nq {nq}: key {j}, query {i}: {got} != {want}"
                             );
                         }
+                        let mut alone = vec![f32::NAN; BQ];
+                        scores_few(isa, &q, qs, nq, d, &k[j * ks..], ks, 1, &mut alone, c);
+                        assert_eq!(
+                            alone[..16].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                            st[j * BQ..j * BQ + 16]
+                                .iter()
+                                .map(|x| x.to_bits())
+                                .collect::<Vec<_>>(),
+                            "{isa:?} d {d} nk {nk} nq {nq}: key {j} alone"
+                        );
                     }
                 }
             }
@@ -401,16 +413,17 @@ fn row_wise_scores_match_the_reference_at_every_level() {
     }
 }
 
-/// A decoding step's block (one query row) takes kernels of its own at some levels (AVX2:
-/// the softmax on that row alone, `P·V` with all 64 columns at once): at every level, the
-/// one-row softmax and `P·V` give bit for bit what the same row gets inside a two-row block,
-/// with masked (`-inf`) keys, a fully masked block, running statistics from earlier blocks,
-/// key counts off the 8-key groups and value widths off the 64-column rows.
+/// A decoding step's block (one query row) takes kernels of its own at some levels (AVX2 and
+/// AVX-512: the softmax on that row alone; AVX2: `P·V` with all 64 columns at once): at every
+/// level, the one-row softmax and `P·V` give bit for bit what the same row gets inside a
+/// two-row block, with masked (`-inf`) keys, a fully masked block, running statistics from
+/// earlier blocks, key counts off the 8- and 16-key groups and value widths off the 64-column
+/// rows.
 #[test]
 fn one_query_blocks_equal_their_row_in_a_larger_block_at_every_level() {
     use super::kernels::{pv, softmax_update};
     for isa in crate::simd::isas() {
-        for nk in [1, 7, 8, 13, 64] {
+        for nk in [1, 7, 8, 13, 16, 17, 31, 64] {
             for masked in [0usize, 3, usize::MAX] {
                 for (m0, l0) in [(f32::NEG_INFINITY, 0.0f32), (1.25, 3.5)] {
                     // Row 0 as both blocks see it; row 1 of the two-row block differs.
