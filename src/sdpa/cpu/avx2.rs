@@ -192,6 +192,29 @@ pub unsafe fn softmax_update(
     }
 }
 
+/// The first half of a one-query online-softmax step (`softmax_update_one` here and at the
+/// AVX-512 level), as lane 0 of the vector passes' `running_max` computes it: the maximum of
+/// the keys' scores (`BQ` floats apart) merged into the running maximum `*m` (updated);
+/// returns the old maximum and the maximum to subtract (the new one, or 0 while it is still
+/// `-inf`, so that `-inf - m` stays `-inf` instead of NaN).
+///
+/// # Safety
+/// `st` readable at `j * BQ` for `j < nk`; `m` readable and writable for one float.
+#[inline(always)]
+pub(super) unsafe fn running_max_one(st: *const f32, nk: usize, m: *mut f32) -> (f32, f32) {
+    // `vmaxss` keeps the second operand when either is NaN, as `vmaxps` in the vector pass.
+    // (SSE, which every x86-64 CPU has.)
+    let mut mx = _mm_set_ss(f32::NEG_INFINITY);
+    for j in 0..nk {
+        mx = _mm_max_ss(mx, _mm_load_ss(st.add(j * BQ)));
+    }
+    let m_old = _mm_load_ss(m);
+    let m_new = _mm_max_ss(m_old, mx);
+    *m = _mm_cvtss_f32(m_new);
+    let m_use = if *m == f32::NEG_INFINITY { 0.0 } else { *m };
+    (_mm_cvtss_f32(m_old), m_use)
+}
+
 /// [`softmax_update`] for query 0 alone (a decoding step: one query per head), exactly as
 /// lane 0 of the 16-query pass computes it (the same maximum, exponentials and left-to-right
 /// sum) at a sixteenth of the exponentials: the keys' scores, 16 floats apart in the tile,
@@ -208,21 +231,9 @@ pub unsafe fn softmax_update_one(
     l: *mut f32,
     alpha: *mut f32,
 ) {
-    // `vmaxss` keeps the second operand when either is NaN, as `vmaxps` in the vector pass.
-    let mut mx = _mm_set_ss(f32::NEG_INFINITY);
-    for j in 0..nk {
-        mx = _mm_max_ss(mx, _mm_load_ss(st.add(j * BQ)));
-    }
-    let m_old = _mm_load_ss(m);
-    let m_new = _mm_max_ss(m_old, mx);
-    // Still -inf: subtract 0 instead, so that -inf - m stays -inf instead of NaN.
-    let m_use = if _mm_cvtss_f32(m_new) == f32::NEG_INFINITY {
-        0.0
-    } else {
-        _mm_cvtss_f32(m_new)
-    };
-    let a = _mm256_cvtss_f32(exp2_ps(_mm256_set1_ps(_mm_cvtss_f32(m_old) - m_use)));
-    *m = _mm_cvtss_f32(m_new);
+    // SAFETY: the caller's contract.
+    let (m_old, m_use) = running_max_one(st, nk, m);
+    let a = _mm256_cvtss_f32(exp2_ps(_mm256_set1_ps(m_old - m_use)));
     *alpha = a;
     let mv = _mm256_set1_ps(m_use);
     // Key j's score is float j · BQ of the tile.

@@ -217,21 +217,9 @@ pub unsafe fn softmax_update_one(
     l: *mut f32,
     alpha: *mut f32,
 ) {
-    // `vmaxss` keeps the second operand when either is NaN, as `vmaxps` in the vector pass.
-    let mut mx = _mm_set_ss(f32::NEG_INFINITY);
-    for j in 0..nk {
-        mx = _mm_max_ss(mx, _mm_load_ss(st.add(j * BQ)));
-    }
-    let m_old = _mm_load_ss(m);
-    let m_new = _mm_max_ss(m_old, mx);
-    // Still -inf: subtract 0 instead, so that -inf - m stays -inf instead of NaN.
-    let m_use = if _mm_cvtss_f32(m_new) == f32::NEG_INFINITY {
-        0.0
-    } else {
-        _mm_cvtss_f32(m_new)
-    };
-    let a = _mm512_cvtss_f32(exp2_ps(_mm512_set1_ps(_mm_cvtss_f32(m_old) - m_use)));
-    *m = _mm_cvtss_f32(m_new);
+    // SAFETY: the caller's contract.
+    let (m_old, m_use) = super::avx2::running_max_one(st, nk, m);
+    let a = _mm512_cvtss_f32(exp2_ps(_mm512_set1_ps(m_old - m_use)));
     *alpha = a;
     let mv = _mm512_set1_ps(m_use);
     // Key j's score is float j · BQ of the tile.
