@@ -530,10 +530,11 @@ pub unsafe fn scores_few(
     }
 }
 
-/// [`scores_few`] for a group of 13 to 16 keys, key by key: each key's row read front to back
-/// before the next (over keys that are not in cache this order is the fast one: the partial
-/// groups' loop, which the compiler turns into sixteen columns of every key at a time, took
-/// 40% longer over 400 keys).
+/// [`scores_few`] for a group of 13 to 16 keys: [`score_group`] in a function of its own, where
+/// it compiles to its key-by-key loop. Inlined into the loop over groups, the compiler
+/// interleaves the sixteen keys' loops (sixteen columns of every key at a time), which took
+/// 37–48% longer over 400 keys that were not in cache (`attn bench attention --seq-q 1
+/// --seq-k 400`, AMD EPYC Zen 4); the short last group (at most 12 keys) takes it inlined.
 ///
 /// # Safety
 /// As [`scores_few`] for keys `0 .. keys` from `k` and `st`, with `13 <= keys <= 16`.
@@ -550,31 +551,8 @@ unsafe fn score_full_group(
     st: *mut f32,
     c: f32,
 ) {
-    let tmask = lanes16(d % 16);
-    for i in 0..nq {
-        let qi = q.add(i * qs);
-        let mut acc = [_mm512_setzero_ps(); 16];
-        for (r, acc) in acc.iter_mut().enumerate() {
-            // SAFETY: key min(r, keys - 1) < keys: a row inside the contract; the lanes of
-            // the masked tail past `d` are neither read nor faulted on.
-            let kr = k.add(r.min(keys - 1) * ks);
-            let mut c0 = 0;
-            while c0 < d {
-                let masked = d - c0 < 16;
-                let kv = load(masked, tmask, kr.add(c0));
-                *acc = _mm512_fmadd_ps(kv, load(masked, tmask, qi.add(c0)), *acc);
-                c0 += 16;
-            }
-        }
-        let mut sums = [0f32; 16];
-        _mm512_storeu_ps(
-            sums.as_mut_ptr(),
-            _mm512_mul_ps(sums_16(acc), _mm512_set1_ps(c)),
-        );
-        for (r, &s) in sums.iter().enumerate().take(keys) {
-            *st.add(r * BQ + i) = s;
-        }
-    }
+    // SAFETY: the caller's contract.
+    score_group::<4>(q, qs, nq, d, k, ks, keys, st, c)
 }
 
 /// [`scores_few`] for one group of `keys <= 4 · QUADS` keys (`keys > 4 · (QUADS - 1)`): `4 ·
@@ -602,9 +580,7 @@ unsafe fn score_group<const QUADS: usize>(
         let qi = q.add(i * qs);
         let mut acc = [_mm512_setzero_ps(); 16];
         // Key by key, each row read front to back (the rows of a cache lie one after the
-        // other: one sequential stream; sixteen columns of every key at a time instead, with
-        // more independent multiply-adds a step, took 30% longer over 200 keys that were not
-        // in cache).
+        // other: one sequential stream; see `score_full_group` for where that order holds).
         for (r, acc) in acc.iter_mut().enumerate().take(4 * QUADS) {
             // SAFETY: key min(r, keys - 1) < keys: a row inside the contract; the lanes of
             // the masked tail past `d` are neither read nor faulted on.
