@@ -2,8 +2,9 @@
 //! [`super::Weight::Rows`]), when it keeps being used in products of many rows.
 //!
 //! A weight read in place costs nothing to load, and decoding a few rows reads it best where
-//! it lies ([`super::rows`]). From [`super::rows::PACKED_MIN_ROWS`] rows of `x` on, the product
-//! runs the packed GEMM instead, transposing each 64-row strip of `W` on the fly
+//! it lies ([`super::rows`]). From [`super::rows::PACKED_MIN_ROWS`] rows of `x` on
+//! ([`super::rows::PORTABLE_PACKED_MIN_ROWS`] at the portable level), the product runs the
+//! packed GEMM instead, transposing each 64-row strip of `W` on the fly
 //! ([`super::gemm::gemm_rows`]): about one shuffle per four weights, every call. In bulk
 //! translation the same matrices are multiplied by hundreds of rows at every decoding step,
 //! and that transposition was 5–6.5% of the CPU time (`perf`, 300 lines at beam 4, AMD EPYC
