@@ -110,13 +110,7 @@ pub(super) fn pack_strip(isa: Isa, rows: &[f32], cols: usize, k: usize, panel: &
         // above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::pack_strip(rows, cols, k, panel) },
-        Isa::Portable => {
-            for (j, row) in rows.chunks_exact(k).take(cols).enumerate() {
-                for (kk, &v) in row.iter().enumerate() {
-                    panel[kk * PANEL + j] = v;
-                }
-            }
-        }
+        Isa::Portable => portable::pack_strip(rows, cols, k, panel),
     }
 }
 
