@@ -95,6 +95,30 @@ proptest! {
     }
 }
 
+/// A cross-attention cache holds its keys and values as `(B, H, S, head_dim)` tensors of their
+/// own, each head's positions one contiguous run (what every later decoding step reads), not
+/// views into the fused key/value projection, and they are that projection's values.
+#[test]
+fn a_cross_attention_cache_holds_contiguous_keys_and_values() {
+    let dev = Device::Cpu;
+    let varmap = VarMap::new();
+    let attn = mha(16, 4, &varmap);
+    let memory = Tensor::randn(0f32, 1., (2, 5, 16), &dev).unwrap();
+    let x = Tensor::randn(0f32, 1., (2, 1, 16), &dev).unwrap();
+    let mut cache = CrossAttentionCache::new();
+    attn.attend_cross(&x, &memory, &mut cache, &Default::default())
+        .unwrap();
+    let (k, v) = cache.keys_values().unwrap();
+    // The projection itself hands out strided views of one fused product.
+    let (pk, pv) = attn.project_key_value(&memory, &memory).unwrap();
+    assert!(!pk.is_contiguous() && !pv.is_contiguous());
+    for (held, projected) in [(k, &pk), (v, &pv)] {
+        assert_eq!(held.dims(), &[2, 4, 5, 4]);
+        assert!(held.is_contiguous());
+        assert_eq!(max_abs_diff(held, projected), 0.0);
+    }
+}
+
 #[test]
 fn a_cross_attention_cache_refuses_another_memory() {
     let dev = Device::Cpu;
