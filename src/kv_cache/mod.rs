@@ -474,12 +474,13 @@ impl MultiHeadAttention {
             ),
             _ => {
                 // Kept as `(B, H, S, head_dim)` buffers of their own rather than the views
-                // into the fused projection's `(B, S, 2·H, head_dim)` output the projection
-                // returns: every later step reads a head's keys and values as one run of
-                // `S · head_dim` floats instead of rows 2·E floats apart (a page apart at
-                // E = 512), and reorders move rows in place (`move_rows_in_place` takes
-                // contiguous buffers only; the views were gathered into new buffers). One copy
-                // per sequence; the fused output is dropped with it. On a serving load
+                // `project_key_value` returns (heads split out of its `(B, S, H, head_dim)`
+                // products, or of one fused `(B, S, 2·H, head_dim)` product): every later
+                // step reads a head's keys and values as one run of `S · head_dim` floats
+                // instead of rows E or 2·E floats apart (a page apart at E = 512, fused), and
+                // reorders move rows in place (`move_rows_in_place` takes contiguous buffers
+                // only; the views were gathered into new buffers). One copy per sequence; the
+                // projection's output is dropped with it. On a serving load
                 // (`examples/continuous_load`, 32 clients, beam 4, AMD EPYC Zen 4, 2 threads)
                 // the encoder-decoder attention calls took 10–12% less time, about 1% of the
                 // whole, inside the host's run-to-run noise.

@@ -166,8 +166,9 @@ mod tests {
 
     #[test]
     fn linear_nt_matches_a_plain_loop() {
-        // Row counts on both sides of PACKED_MIN_ROWS and PORTABLE_PACKED_MIN_ROWS; widths and depths with partial
-        // 64-column strips, partial 16-float vectors and more than one 128-input chunk.
+        // Row counts on both sides of PACKED_MIN_ROWS and PORTABLE_PACKED_MIN_ROWS; widths
+        // and depths with partial 64-column strips, partial 16-float vectors and more than
+        // one 128-input chunk.
         for (m, n, k) in [
             (1, 1, 1),
             (3, 7, 5),
