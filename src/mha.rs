@@ -779,6 +779,36 @@ impl MultiHeadAttention {
 
     /// [`MultiHeadAttention::attend_projected`] without the output projection: `output` is the
     /// concatenated heads `(B, L, H · d_v)`.
+    /// [`MultiHeadAttention::attend_heads`] over keys and values `(B, Hkv, S, head_dim)` that a
+    /// cache holds in shared slots (`kv`, of shapes `kv_dims` = `(Hkv, S, head_dim, head_dim)`),
+    /// read by the kernel in place: the same floats as `attend_heads` on them as tensors.
+    /// `None` where only tensors will do (weights asked for, training, `bias_kv`, zero
+    /// attention, or a call the CPU kernel would not take; see
+    /// `sdpa::attention_over_slots`).
+    pub(crate) fn attend_heads_over_slots(
+        &self,
+        q: &Tensor,
+        kv: std::sync::Arc<dyn crate::sdpa::cpu::paged::GatherHeads>,
+        kv_dims: (usize, usize, usize, usize),
+        args: &AttentionArgs,
+    ) -> candle::Result<Option<AttentionOutput>> {
+        if args.need_weights || args.train || self.bias_kv.is_some() || self.cfg.add_zero_attn {
+            return Ok(None);
+        }
+        let (b, _, l, _) = q.dims4()?;
+        let mut mask = args.mask.clone();
+        if let Some(kp) = args.key_padding {
+            mask = mask.and(Mask::key_padding(kp.clone())?);
+        }
+        let Some(heads) = crate::sdpa::attention_over_slots(q, kv, kv_dims, &mask)? else {
+            return Ok(None);
+        };
+        Ok(Some(AttentionOutput {
+            output: heads.transpose(1, 2)?.reshape((b, l, self.cfg.embed_dim))?,
+            weights: None,
+        }))
+    }
+
     pub(crate) fn attend_heads(
         &self,
         q: &Tensor,

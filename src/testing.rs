@@ -16,12 +16,26 @@
 
 use crate::mask::{AttentionShape, Mask};
 use candle::{Device, Tensor};
+use std::collections::HashMap;
 
 pub use crate::mask::MaskParts;
 // The instruction-set levels come from the public `cpu` module (one definition); the
 // property tests loop over `available_isas()`: every level up to the CPU's best, capped by
 // `ATTN_CPU_ISA`.
 pub use crate::cpu::{available_levels as available_isas, IsaLevel, ISA_ENV};
+
+/// The tensors of `varmap` as plain tensors (detached: no gradient tracked), by name, to load
+/// a layer as inference code gets it (`VarBuilder::from_tensors`): fresh weights made under a
+/// `VarMap` are variables, and a layer built on variables tracks gradients through every call.
+pub fn detached_weights(varmap: &candle_nn::VarMap) -> HashMap<String, Tensor> {
+    varmap
+        .data()
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .iter()
+        .map(|(name, var)| (name.clone(), var.as_tensor().detach()))
+        .collect()
+}
 
 /// [`crate::projection::Projection`] at a chosen instruction set.
 pub mod projection {

@@ -238,6 +238,74 @@ fn a_forked_decoder_cache_decodes_independently() {
     }
 }
 
+/// Beam search through a decoder cache: rows forked by `select_rows` (one row continued in
+/// several, which moves the cache into slots the rows share), dropped and permuted over several
+/// steps, each row's output at every step equals a full causal pass over that row's own
+/// history. Inference weights (no gradients), as a loaded model has them.
+#[test]
+fn forked_rows_of_a_decoder_cache_decode_as_their_own_histories() {
+    let dev = Device::Cpu;
+    let varmap = VarMap::new();
+    let mut cfg = TransformerConfig::new(16, 4);
+    cfg.num_decoder_layers = 2;
+    cfg.dim_feedforward = 32;
+    TransformerDecoder::new(
+        &cfg,
+        VarBuilder::from_varmap(&varmap, DType::F32, &dev),
+        false,
+    )
+    .unwrap();
+    let weights = candle_attention::testing::detached_weights(&varmap);
+    let decoder =
+        TransformerDecoder::load(&cfg, VarBuilder::from_tensors(weights, DType::F32, &dev))
+            .unwrap();
+    let memory = Tensor::randn(0f32, 1., (1, 5, 16), &dev).unwrap();
+    let causal = DecoderMasks {
+        tgt_mask: Mask::causal(),
+        ..Default::default()
+    };
+    let u32s = |v: &[u32]| Tensor::new(v, &dev).unwrap();
+    // The rows after each step: one row forks into four, then rows are continued, dropped,
+    // swapped and forked again.
+    let reorders: [&[u32]; 5] = [
+        &[0, 0, 0, 0],
+        &[0, 0, 2, 3],
+        &[1, 0, 3, 3],
+        &[2, 2, 0],
+        &[1, 2],
+    ];
+    let mut cache = DecoderCache::default();
+    let mut histories: Vec<Vec<Tensor>> = vec![Vec::new()];
+    // The memory of every row (the cache holds the projection of this very tensor).
+    let mut rows_memory = memory.clone();
+    for (step, reorder) in reorders.iter().enumerate() {
+        let rows = histories.len();
+        let x = Tensor::randn(0f32, 1., (rows, 1, 16), &dev).unwrap();
+        let got = decoder
+            .forward_cached(&x, &rows_memory, &DecoderMasks::default(), &mut cache)
+            .unwrap();
+        for (r, history) in histories.iter_mut().enumerate() {
+            history.push(x.narrow(0, r, 1).unwrap());
+            let full = decoder
+                .forward(&Tensor::cat(history, 1).unwrap(), &memory, &causal, false)
+                .unwrap();
+            let want = full.narrow(1, history.len() - 1, 1).unwrap();
+            let diff = max_abs_diff(&got.narrow(0, r, 1).unwrap(), &want);
+            assert!(diff <= 1e-5, "step {step}, row {r}: {diff}");
+        }
+        rows_memory = memory
+            .broadcast_as((reorder.len(), 5, 16))
+            .unwrap()
+            .contiguous()
+            .unwrap();
+        cache.select_rows(&u32s(reorder), &rows_memory).unwrap();
+        histories = reorder
+            .iter()
+            .map(|&r| histories[r as usize].clone())
+            .collect();
+    }
+}
+
 /// Groups of rows sharing one memory row (the beams of a sentence) decode as rows with their
 /// own copy of it: the same outputs through steps, reorders inside the groups (in place) and
 /// a dropped group (rows shifting down), with key padding on the memory.

@@ -46,13 +46,7 @@ fn models(dtypes_devices: &[(DType, Device)]) -> Vec<Seq2Seq> {
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
     Seq2Seq::new(config(), vb).unwrap();
-    let tensors: HashMap<String, Tensor> = varmap
-        .data()
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(k, v)| (k.clone(), v.as_tensor().detach()))
-        .collect();
+    let tensors = candle_attention::testing::detached_weights(&varmap);
     dtypes_devices
         .iter()
         .map(|(dtype, dev)| {
@@ -130,13 +124,7 @@ fn f64_cached_attention_runs_the_blocked_path_over_the_cache_view() {
         VarBuilder::from_varmap(&varmap, DType::F64, &cpu),
     )
     .unwrap();
-    let tensors: HashMap<String, Tensor> = varmap
-        .data()
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(k, v)| (k.clone(), v.as_tensor().detach()))
-        .collect();
+    let tensors = candle_attention::testing::detached_weights(&varmap);
     let attn =
         MultiHeadAttention::load(cfg, VarBuilder::from_tensors(tensors, DType::F64, &cpu)).unwrap();
     let (batch, len) = (2, 11);

@@ -3,7 +3,10 @@
 //! * [`KvCache`]: the keys and values of the tokens one self-attention block has seen. Each
 //!   decoding step projects only the new tokens' keys and values and appends them; attention then
 //!   reads the whole prefix. Appends write into a buffer that grows by a quarter when full, so
-//!   a step costs time proportional to the prefix it attends to, not to the square of it.
+//!   a step costs time proportional to the prefix it attends to, not to the square of it. The
+//!   cache of a decoder whose rows fork (beam search continuing one hypothesis in several rows)
+//!   moves into slots the rows share (`kv_cache/paged.rs`): a position common to several beams
+//!   is held and read once, and a reorder copies slot numbers, not keys.
 //! * [`CrossAttentionCache`]: the encoder memory projected to keys and values once per sequence,
 //!   tagged with the memory it came from.
 //! * [`MultiHeadAttention::attend_cached`] and [`MultiHeadAttention::attend_cross`]: one call
@@ -18,9 +21,11 @@ use crate::mask::Mask;
 use crate::mha::{AttentionArgs, MultiHeadAttention};
 use crate::sdpa::AttentionOutput;
 use candle::{Tensor, TensorId};
+use paged::{can_page, PagedKv};
 use rows::{host_row_ids, move_rows_in_place, select_buffer_rows, zeroed_buffer};
 use std::sync::Arc;
 
+mod paged;
 mod rows;
 
 /// The fewest positions a full [`KvCache`] grows by.
@@ -32,6 +37,10 @@ pub struct KvCache {
     /// `(B, H, capacity, head_dim)` buffers; positions `0..len` are valid. Shared by clones until
     /// one of them writes (see [`KvCache::append`]).
     buffers: Option<Arc<(Tensor, Tensor)>>,
+    /// Instead of `buffers`, once a reorder inside a decoder cache has forked rows (beam
+    /// search): positions in slots that the rows share (see [`paged`]). Shared by clones
+    /// until one of them writes.
+    slots: Option<Arc<PagedKv>>,
     len: usize,
     /// Positions the buffers are given when next allocated (see [`KvCache::reserve`]).
     reserved: usize,
@@ -69,6 +78,9 @@ impl KvCache {
 
     /// The cached keys and values, `(B, H, S, head_dim)` views (no copy), or `None` when empty.
     pub fn keys_values(&self) -> candle::Result<Option<(Tensor, Tensor)>> {
+        if let Some(slots) = &self.slots {
+            return slots.gather().map(Some);
+        }
         match &self.buffers {
             None => Ok(None),
             Some(kv) => Ok(Some((
@@ -91,6 +103,11 @@ impl KvCache {
                 k.dims(),
                 v.dims()
             )
+        }
+        if self.slots.is_some() {
+            if let Some(slots) = self.append_to_slots(k, v)? {
+                return slots.gather();
+            }
         }
         let shared = match &self.buffers {
             Some(shared) => shared,
@@ -170,6 +187,36 @@ impl KvCache {
         Ok(views)
     }
 
+    /// [`KvCache::append`] for a cache held in slots: appends `k`, `v` `(B, H, T, head_dim)`
+    /// and returns the slots, for attention to read in place. `None` (nothing appended) when
+    /// the cache is not held in slots; a cache in slots given what slots cannot hold (another
+    /// dtype or device, a tracked tensor) goes back to buffers first and also answers `None`.
+    pub(crate) fn append_to_slots(
+        &mut self,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> candle::Result<Option<Arc<PagedKv>>> {
+        let Some(slots) = &mut self.slots else {
+            return Ok(None);
+        };
+        let (b, h, t, d) = k.dims4()?;
+        let (rows, heads, sd, sdv) = slots.dims();
+        let fits = (b, h, d) == (rows, heads, sd)
+            && v.dims4()? == (b, h, t, sdv)
+            && can_page(k)
+            && can_page(v);
+        if !fits {
+            // The buffer path checks the shapes and names what does not match.
+            let (kb, vb) = slots.gather()?;
+            self.buffers = Some(Arc::new((kb, vb)));
+            self.slots = None;
+            return Ok(None);
+        }
+        Arc::make_mut(slots).append(k, v)?;
+        self.len += t;
+        Ok(Some(slots.clone()))
+    }
+
     /// Keeps batch rows `rows` (e.g. the surviving beams), in that order: `(B', H, S, head_dim)`.
     /// Views handed out before ([`KvCache::keys_values`], [`KvCache::append`]) keep their
     /// values.
@@ -179,14 +226,19 @@ impl KvCache {
 
     /// [`KvCache::select_rows`], moving the rows inside the buffers when this cache is their
     /// only owner and the moves allow it (see [`rows::move_rows_in_place`]): only the rows
-    /// that change are copied. For a cache that hands out no views that outlive a step (the
-    /// caches inside a [`crate::transformer::DecoderCache`]): a view taken before would see
-    /// the moved rows.
+    /// that change are copied. Rows that fork (an id repeated) move a CPU `f32` cache into
+    /// slots the rows share ([`paged`]) instead. For a cache that hands out no views that
+    /// outlive a step (the caches inside a [`crate::transformer::DecoderCache`]): a view taken
+    /// before would see the moved rows.
     pub(crate) fn select_rows_in_place(&mut self, rows: &Tensor) -> candle::Result<()> {
         self.select(rows, true)
     }
 
     fn select(&mut self, rows: &Tensor, in_place: bool) -> candle::Result<()> {
+        if let Some(slots) = &mut self.slots {
+            let ids = rows.to_dtype(candle::DType::U32)?.to_vec1::<u32>()?;
+            return Arc::make_mut(slots).select(&ids);
+        }
         if let Some(kv) = &self.buffers {
             // The whole buffers, spare capacity included, in one gather each: beam search
             // reorders every step, and the next append must then still fit in place (selecting
@@ -201,6 +253,19 @@ impl KvCache {
                 None
             };
             let len = self.len;
+            // A reorder that forks rows (beam search continuing a hypothesis in several rows)
+            // moves the cache of a decoder into shared slots, where forked rows share their
+            // history instead of copying it (see `paged`); a reorder that only drops or
+            // permutes rows (a bulk run's finished sentences) keeps the buffers.
+            if let (true, Some(ids)) = (in_place && can_page(&kv.0) && can_page(&kv.1), &ids) {
+                if forks(ids, kv.0.dim(0)?) {
+                    let mut slots = PagedKv::from_buffers(&kv.0, &kv.1, len)?;
+                    slots.select(ids)?;
+                    self.slots = Some(Arc::new(slots));
+                    self.buffers = None;
+                    return Ok(());
+                }
+            }
             if let (true, Some(ids)) = (in_place && Arc::strong_count(kv) == 1, ids.as_deref()) {
                 let moved = (
                     move_rows_in_place(&kv.0, ids, len)?,
@@ -227,6 +292,16 @@ impl KvCache {
         }
         Ok(())
     }
+}
+
+/// True when new rows `ids` (old rows of `rows`) repeat an old row (a fork), not only drop or
+/// permute them. Ids past `rows` are left to the row selection, which names them.
+fn forks(ids: &[u32], rows: usize) -> bool {
+    let mut seen = vec![false; rows];
+    ids.iter().any(|&r| {
+        seen.get_mut(r as usize)
+            .is_some_and(|seen| std::mem::replace(seen, true))
+    })
 }
 
 /// The encoder memory `(B, S, E)` of one encoder-decoder attention block, projected to keys and
@@ -418,7 +493,6 @@ impl MultiHeadAttention {
         let past = cache.len();
         let q = self.project_query(x)?;
         let (k, v) = self.project_key_value(x, x)?;
-        let (k, v) = cache.append(&k, &v)?;
         let mut mask = args.mask.clone();
         if args.causal {
             mask = mask.and(Mask::causal_with_offset(past));
@@ -430,7 +504,32 @@ impl MultiHeadAttention {
             average_weights: args.average_weights,
             train: args.train,
         };
+        if let Some(slots) = cache.append_to_slots(&k, &v)? {
+            let heads = self.attend_slots(&q, &slots, &attn_args)?;
+            return Ok(AttentionOutput {
+                output: self.project_output(&heads.output)?,
+                weights: heads.weights,
+            });
+        }
+        let (k, v) = cache.append(&k, &v)?;
         self.attend_projected(&q, &k, &v, &attn_args)
+    }
+
+    /// The attention heads of `q` `(B, H, T, head_dim)` over a cache held in slots: read in
+    /// place by the kernel where it takes the call, else gathered into tensors first.
+    fn attend_slots(
+        &self,
+        q: &Tensor,
+        slots: &Arc<PagedKv>,
+        args: &AttentionArgs,
+    ) -> candle::Result<AttentionOutput> {
+        let (_, heads, d, dv) = slots.dims();
+        let kv_dims = (heads, slots.len(), d, dv);
+        if let Some(out) = self.attend_heads_over_slots(q, slots.clone(), kv_dims, args)? {
+            return Ok(out);
+        }
+        let (k, v) = slots.gather()?;
+        self.attend_heads(q, &k, &v, args)
     }
 
     /// Encoder-decoder attention of `x` `(B, T, E)` over `memory` `(B, S, kdim)` through a
@@ -508,12 +607,15 @@ impl MultiHeadAttention {
         key_padding: Option<&Tensor>,
     ) -> candle::Result<Tensor> {
         let past = cache.len();
-        let (k, v) = cache.append(k, v)?;
         let args = AttentionArgs {
             mask: Mask::causal_with_offset(past),
             key_padding,
             ..Default::default()
         };
+        if let Some(slots) = cache.append_to_slots(k, v)? {
+            return Ok(self.attend_slots(q, &slots, &args)?.output);
+        }
+        let (k, v) = cache.append(k, v)?;
         Ok(self.attend_heads(q, &k, &v, &args)?.output)
     }
 
@@ -681,5 +783,117 @@ mod tests {
         assert_eq!(last(&kb), 20.0);
         let (ka, _) = a.keys_values().unwrap().unwrap();
         assert_eq!(last(&ka), 10.0, "b's append must not write into a's buffer");
+    }
+
+    /// Bits of a tensor, to compare results exactly.
+    fn bits(t: &Tensor) -> Vec<u32> {
+        t.flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect()
+    }
+
+    /// A decode whose reorders fork rows (beam search) moves into shared slots, and from then
+    /// on every append returns, and every cached attention step computes, bit for bit what a
+    /// cache of contiguous buffers does under the same appends and reorders: forks, drops,
+    /// permutations, two tokens at once, and a clone that appends on its own.
+    #[test]
+    fn a_forked_cache_in_slots_attends_exactly_as_contiguous_buffers() {
+        use crate::MultiHeadAttentionConfig;
+        use candle_nn::{VarBuilder, VarMap};
+        let dev = Device::Cpu;
+        let (e, heads) = (32, 4);
+        let varmap = VarMap::new();
+        let cfg = MultiHeadAttentionConfig::new(e, heads);
+        MultiHeadAttention::new(
+            cfg.clone(),
+            VarBuilder::from_varmap(&varmap, DType::F32, &dev),
+        )
+        .unwrap();
+        // Inference weights (variables would make every projection track its gradient, and a
+        // cache under autograd never moves into slots).
+        let weights = crate::testing::detached_weights(&varmap);
+        let mha =
+            MultiHeadAttention::load(cfg, VarBuilder::from_tensors(weights, DType::F32, &dev))
+                .unwrap();
+        let (mut slots, mut buffers) = (KvCache::new(), KvCache::new());
+        // Row ids after each step: the first forks one row into four, later ones drop,
+        // permute and fork again.
+        let reorders: [&[u32]; 6] = [
+            &[0, 0, 0, 0],
+            &[0, 1, 1, 3],
+            &[2, 0, 3, 1],
+            &[1, 1, 2],
+            &[0, 2, 2, 1, 1],
+            &[4, 3],
+        ];
+        let mut rows = 1;
+        for (step, reorder) in reorders.iter().enumerate() {
+            let t = if step == 2 { 2 } else { 1 };
+            let x = Tensor::randn(0f32, 1.0, (rows, t, e), &dev).unwrap();
+            let args = CachedAttentionArgs::default();
+            let a = mha.attend_cached(&x, &mut slots, &args).unwrap();
+            let b = mha.attend_cached(&x, &mut buffers, &args).unwrap();
+            assert_eq!(bits(&a.output), bits(&b.output), "step {step}");
+            // The parts path (heads already projected) too.
+            let q = mha.project_query(&x).unwrap();
+            let (k, v) = mha.project_key_value(&x, &x).unwrap();
+            let (mut s2, mut b2) = (slots.clone(), buffers.clone());
+            let a = mha.attend_cached_heads(&q, &k, &v, &mut s2, None).unwrap();
+            let b = mha.attend_cached_heads(&q, &k, &v, &mut b2, None).unwrap();
+            assert_eq!(bits(&a), bits(&b), "heads, step {step}");
+            let (ka, va) = s2.keys_values().unwrap().unwrap();
+            let (kb, vb) = b2.keys_values().unwrap().unwrap();
+            assert_eq!(
+                (bits(&ka), bits(&va)),
+                (bits(&kb), bits(&vb)),
+                "step {step}"
+            );
+            // The clones appended; the originals did not see it.
+            assert_eq!(slots.len() + t, s2.len());
+            let ids = Tensor::new(*reorder, &dev).unwrap();
+            slots.select_rows_in_place(&ids).unwrap();
+            buffers.select_rows(&ids).unwrap();
+            assert!(slots.slots.is_some() && buffers.slots.is_none());
+            rows = reorder.len();
+        }
+    }
+
+    /// Rows forked from one share its slots: a beam of four holds each common position once,
+    /// new positions take one slot per row, and the slots of dropped rows are reused.
+    #[test]
+    fn forked_rows_share_their_slots_and_dropped_ones_are_reused() {
+        let dev = Device::Cpu;
+        let kv = |rows: usize| Tensor::randn(0f32, 1.0, (rows, 2, 1, 4), &dev).unwrap();
+        let mut cache = KvCache::new();
+        for _ in 0..3 {
+            cache.append(&kv(1), &kv(1)).unwrap();
+        }
+        let fork = Tensor::new(&[0u32, 0, 0, 0], &dev).unwrap();
+        cache.select_rows_in_place(&fork).unwrap();
+        let in_use = |c: &KvCache| c.slots.as_ref().unwrap().slots_in_use();
+        assert_eq!(in_use(&cache), (3, 3), "four rows, three shared positions");
+        cache.append(&kv(4), &kv(4)).unwrap();
+        assert_eq!(in_use(&cache), (7, 7));
+        // Keep two rows: the other two rows' last positions are freed, then reused.
+        cache
+            .select_rows_in_place(&Tensor::new(&[1u32, 1], &dev).unwrap())
+            .unwrap();
+        assert_eq!(in_use(&cache), (4, 7));
+        cache.append(&kv(2), &kv(2)).unwrap();
+        assert_eq!(in_use(&cache), (6, 7), "freed slots are taken first");
+        // A tensor that slots cannot hold (bf16) moves the cache back to buffers, whose
+        // checks name the mismatch.
+        let half = kv(2).to_dtype(DType::BF16).unwrap();
+        let err = cache.append(&half, &half).unwrap_err().to_string();
+        assert!(err.contains("cannot take"), "{err}");
+        assert!(cache.slots.is_none());
+        assert_eq!(
+            cache.keys_values().unwrap().unwrap().0.dims(),
+            &[2, 2, 5, 4]
+        );
     }
 }

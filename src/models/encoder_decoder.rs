@@ -1248,7 +1248,9 @@ impl StepDecoder for EncoderDecoderModel {
 
     /// On the CPU, the self-attention caches start with room for the first
     /// 32 positions (or the whole decode, when shorter) and then grow by a
-    /// quarter (see [`crate::kv_cache::KvCache::append`]). Reserving the whole decode at once
+    /// quarter (see [`crate::kv_cache::KvCache::append`]); a beam search's move at its first
+    /// reorder into slots that its beams share (see [`crate::kv_cache`]). Reserving the whole
+    /// decode at once
     /// made every row's room for `max_length` positions resident: the allocator recycles
     /// memory it has used (and zeroes it in full), so a reserve is not lazy pages but memory,
     /// 6 MB a row for MarianMT's 256 positions. Elsewhere the caches grow from the first

@@ -185,6 +185,42 @@ pub fn scaled_dot_product_attention(
     Ok(AttentionOutput { output, weights })
 }
 
+/// [`scaled_dot_product_attention`] of `q` `(B, H, L, D)` over keys and values that a cache
+/// holds in shared slots (`kv`, of shapes `kv_dims` = `(Hkv, S, D, Dv)`), in eval mode, without
+/// weights, at the default scale: `(B, H, L, Dv)`, the floats that call gives on the same keys
+/// and values as tensors. `None` where it would not take the CPU few-queries kernel (another
+/// device or dtype, autograd, the portable level's naive path, more queries or keys than that
+/// kernel takes in one piece): the caller then passes them as tensors.
+pub(crate) fn attention_over_slots(
+    q: &Tensor,
+    kv: std::sync::Arc<dyn cpu::paged::GatherHeads>,
+    kv_dims: (usize, usize, usize, usize),
+    mask: &Mask,
+) -> candle::Result<Option<Tensor>> {
+    let (b, h, l, d) = q.dims4()?;
+    if !uses_cpu_kernels(q.device(), q.dtype()) || q.dtype() != DType::F32 || q.track_op() {
+        return Ok(None);
+    }
+    let shape = AttentionShape {
+        batch: b,
+        heads: h,
+        q_len: l,
+        k_len: kv_dims.1,
+    };
+    if portable_prefers_naive(crate::simd::Isa::get(), shape, q.dtype()) {
+        return Ok(None);
+    }
+    let parts = mask.decompose(shape, q.device())?;
+    if [&parts.bias, &parts.key_bias]
+        .iter()
+        .any(|t| t.as_ref().is_some_and(|t| t.track_op()))
+    {
+        return Ok(None);
+    }
+    let scale = if d == 0 { 1.0 } else { 1.0 / (d as f64).sqrt() };
+    cpu::paged::attention(q, kv, kv_dims, &parts, scale, &Default::default())
+}
+
 /// True when [`scaled_dot_product_attention`] runs inputs on `device` of `dtype` with a
 /// memory-efficient kernel (extra memory linear in `L` and `S`) rather than the naive path,
 /// which materialises the `(B, H, L, S)` scores: on every device and float dtype (the tiled

@@ -61,15 +61,21 @@ pub fn attention_with(
     prep.run(isa, kind, |inp, out| run(isa, inp, out, bk))
 }
 
+/// The keys of each task and the number of chunks the `S` keys of each of `heads` (batch,
+/// head) pairs are split into: enough chunks for 4 tasks per thread, none smaller than
+/// `MIN_CHUNK` keys.
+pub(crate) fn key_chunks(heads: usize, s: usize) -> (usize, usize) {
+    let threads = rayon::current_num_threads().max(1);
+    let want = (4 * threads).div_ceil(heads.max(1)).max(1);
+    let chunk = s.div_ceil(want).max(MIN_CHUNK).min(s.max(1));
+    (chunk, s.div_ceil(chunk))
+}
+
 fn run(isa: Isa, inp: &Inputs, out: OutRows, bk: usize) {
     let d = inp.dims;
     let (l, s, dv) = (d.l, d.s, d.dv);
     let g = l.div_ceil(BQ);
-    let threads = rayon::current_num_threads().max(1);
-    // Enough chunks for 4 tasks per thread, none smaller than MIN_CHUNK keys.
-    let want = (4 * threads).div_ceil(d.b * d.h).max(1);
-    let chunk = s.div_ceil(want).max(MIN_CHUNK).min(s.max(1));
-    let nchunks = s.div_ceil(chunk);
+    let (chunk, nchunks) = key_chunks(d.b * d.h, s);
     if nchunks == 1 {
         // One chunk a (batch, head) (at most MIN_CHUNK keys, or B · H alone gives every
         // thread four tasks: any batch of beams decoding on two threads): each task writes
@@ -80,7 +86,7 @@ fn run(isa: Isa, inp: &Inputs, out: OutRows, bk: usize) {
         super::tiled::run_tiled(isa, inp, out, bk, g, false);
         return;
     }
-    let scratch_len = group_scratch_len(d.d, dv, bk, g, inp.kind);
+    let scratch_len = group_scratch_len(d.d, dv, bk, g, inp.kind) + inp.paged_scratch_len();
     let part_len = l * (dv + 2);
     let mut parts = vec![0f32; d.b * d.h * nchunks * part_len];
     parts

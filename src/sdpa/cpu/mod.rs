@@ -59,6 +59,7 @@ mod avx512_half;
 pub(crate) mod few_queries;
 mod half;
 mod kernels;
+pub(crate) mod paged;
 mod portable;
 mod prepare;
 pub(crate) mod tile;

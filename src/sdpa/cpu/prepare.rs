@@ -7,12 +7,24 @@ use crate::mask::MaskParts;
 use crate::simd::{cpu_f32, Isa};
 use candle::{DType, Device, Tensor};
 use std::f32::consts::LOG2_E;
+use std::sync::Arc;
+
+/// Keys and values `(B, Hkv, S, D)` and `(B, Hkv, S, Dv)` (`f32`) held somewhere other than
+/// in two tensors, handed to the kernel one head at a time.
+pub(crate) trait GatherHeads: Send + Sync {
+    /// Copies the keys `(S, D)` and values `(S, Dv)` of key/value head `head` of batch row
+    /// `row` into `keys` (`S · D` floats) and `values` (`S · Dv`), position after position.
+    fn gather_head(&self, row: usize, head: usize, keys: &mut [f32], values: &mut [f32]);
+}
 
 /// Inputs validated, in their own dtype with a unit-stride last dimension (masks as `f32`).
 pub(crate) struct Prepared {
     q: Tensor,
+    /// Empty `(B, Hkv, 0, D)` tensors when the keys and values come from `paged`.
     k: Tensor,
     v: Tensor,
+    /// Keys and values held in a paged cache (`f32`), gathered head by head by each task.
+    paged: Option<Arc<dyn GatherHeads>>,
     key_bias: Option<Vec<f32>>,
     bias: Option<Tensor>,
     causal: Option<usize>,
@@ -137,6 +149,9 @@ pub(crate) struct Inputs<'a> {
     pub causal: Option<usize>,
     pub qscale: f32,
     pub dims: Dims,
+    /// Keys and values held in a paged cache: each task gathers its head's `S` positions into
+    /// its scratch ([`Inputs::paged_scratch_len`]) and reads them there (`k`, `v` are empty).
+    pub paged: Option<&'a dyn GatherHeads>,
 }
 
 impl<'a> Inputs<'a> {
@@ -147,6 +162,16 @@ impl<'a> Inputs<'a> {
             end = end.min(i0.saturating_add(nq).saturating_add(off));
         }
         end
+    }
+
+    /// The scratch floats a task needs for gathering its head's keys and values from a paged
+    /// cache: `S · (D + Dv)`, or none when the keys and values are tensors.
+    pub fn paged_scratch_len(&self) -> usize {
+        if self.paged.is_some() {
+            self.dims.s * (self.dims.d + self.dims.dv)
+        } else {
+            0
+        }
     }
 }
 
@@ -185,13 +210,6 @@ impl Prepared {
                 )
             }
         }
-        let in_dtype = q.dtype();
-        if !matches!(in_dtype, DType::F32 | DType::F16 | DType::BF16) {
-            candle::bail!("tiled attention supports f32, f16 and bf16, got {in_dtype:?}")
-        }
-        if !scale.is_finite() {
-            candle::bail!("attention scale must be finite, got {scale}")
-        }
         let (b, h, l, d) = q.dims4()?;
         let (hkv, s, dv) = (k.dim(1)?, k.dim(2)?, v.dim(3)?);
         let dims = Dims {
@@ -203,6 +221,56 @@ impl Prepared {
             d,
             dv,
         };
+        Self::with_dims(q, k.clone(), v.clone(), None, dims, mask, scale)
+    }
+
+    /// The inputs of a call whose keys and values `(B, Hkv, S, D)`, `(B, Hkv, S, Dv)` (the
+    /// shapes in `kv_dims`: `(Hkv, S, Dv)`) sit in a paged cache, `kv`: `q` must be an `f32`
+    /// CPU tensor `(B, H, L, D)` with `Hkv` dividing `H`.
+    pub(crate) fn paged(
+        q: &Tensor,
+        kv: Arc<dyn GatherHeads>,
+        (hkv, s, dv): (usize, usize, usize),
+        mask: &MaskParts,
+        scale: f64,
+    ) -> candle::Result<Self> {
+        let (b, h, l, d) = q.dims4()?;
+        if !matches!(q.device(), Device::Cpu) || q.dtype() != DType::F32 {
+            candle::bail!("paged attention takes f32 CPU queries, got {:?}", q.dtype())
+        }
+        if hkv == 0 || !h.is_multiple_of(hkv) {
+            candle::bail!("paged attention: {hkv} key/value heads cannot serve {h} query heads")
+        }
+        let dims = Dims {
+            b,
+            h,
+            hkv,
+            l,
+            s,
+            d,
+            dv,
+        };
+        let empty = |width| Tensor::zeros((b, hkv, 0, width), DType::F32, &Device::Cpu);
+        Self::with_dims(q, empty(d)?, empty(dv)?, Some(kv), dims, mask, scale)
+    }
+
+    fn with_dims(
+        q: &Tensor,
+        k: Tensor,
+        v: Tensor,
+        paged: Option<Arc<dyn GatherHeads>>,
+        dims: Dims,
+        mask: &MaskParts,
+        scale: f64,
+    ) -> candle::Result<Self> {
+        let in_dtype = q.dtype();
+        if !matches!(in_dtype, DType::F32 | DType::F16 | DType::BF16) {
+            candle::bail!("tiled attention supports f32, f16 and bf16, got {in_dtype:?}")
+        }
+        if !scale.is_finite() {
+            candle::bail!("attention scale must be finite, got {scale}")
+        }
+        let Dims { b, h, l, s, .. } = dims;
         let key_bias = match &mask.key_bias {
             None => None,
             Some(kb) => {
@@ -244,8 +312,9 @@ impl Prepared {
         };
         Ok(Self {
             q: unit_rows(q.clone())?,
-            k: unit_rows(k.clone())?,
-            v: unit_rows(v.clone())?,
+            k: unit_rows(k)?,
+            v: unit_rows(v)?,
+            paged,
             key_bias,
             bias,
             causal: mask.causal_offset,
@@ -302,6 +371,7 @@ impl Prepared {
             causal: self.causal,
             qscale: self.qscale,
             dims: self.dims,
+            paged: self.paged.as_deref(),
         };
         let len = b * l * h * dv;
         let mut out = Vec::<f32>::with_capacity(len);

@@ -502,3 +502,148 @@ fn one_query_blocks_equal_their_row_in_a_larger_block_at_every_level() {
         }
     }
 }
+
+/// Keys and values of a few rows held position by position in shared slots, for the paged
+/// kernel: row `r`'s position `p` is slot `rows[r][p]`, whose keys are `(Hkv, D)`.
+struct SharedSlots {
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+    rows: Vec<Vec<usize>>,
+    d: usize,
+    dv: usize,
+}
+
+impl super::paged::GatherHeads for SharedSlots {
+    fn gather_head(&self, row: usize, head: usize, keys: &mut [f32], values: &mut [f32]) {
+        let (d, dv) = (self.d, self.dv);
+        for (p, &slot) in self.rows[row].iter().enumerate() {
+            keys[p * d..(p + 1) * d].copy_from_slice(&self.keys[slot][head * d..(head + 1) * d]);
+            values[p * dv..(p + 1) * dv]
+                .copy_from_slice(&self.values[slot][head * dv..(head + 1) * dv]);
+        }
+    }
+}
+
+/// Attention over keys and values in shared slots gives, bit for bit, what the few-queries
+/// kernel gives on the same keys and values as tensors, at every instruction set: rows that
+/// share a prefix of slots and then part, one and two queries (causal from the cache), key
+/// blocks of 16 (several a row) and of the level's default, key padding, grouped-query heads.
+/// Keys long enough to be split over tasks are declined (`None`).
+#[test]
+fn paged_attention_equals_the_few_queries_kernel_on_the_same_keys_at_every_level() {
+    use std::sync::Arc;
+    let dev = Device::Cpu;
+    let (b, h, d) = (3, 4, 24);
+    for hkv in [4, 2] {
+        for s in [1, 5, 17, 40] {
+            // Rows 0 and 1 share their first s / 2 positions; row 2 repeats row 0 entirely.
+            let mut next = 0;
+            let mut fresh = |n: usize| -> Vec<usize> {
+                next += n;
+                (next - n..next).collect()
+            };
+            let shared = fresh(s / 2);
+            let row0: Vec<usize> = shared.iter().copied().chain(fresh(s - s / 2)).collect();
+            let row1: Vec<usize> = shared.iter().copied().chain(fresh(s - s / 2)).collect();
+            let rows = vec![row0.clone(), row1, row0];
+            let slots = next;
+            let slots = SharedSlots {
+                keys: (0..slots)
+                    .map(|i| values(hkv * d, i as f32 * 1.7))
+                    .collect(),
+                values: (0..slots)
+                    .map(|i| values(hkv * d, i as f32 * 2.3 + 0.4))
+                    .collect(),
+                rows,
+                d,
+                dv: d,
+            };
+            // The same keys and values as (B, Hkv, S, D) tensors.
+            let tensor = |of_keys: bool| {
+                let mut all = vec![0f32; b * hkv * s * d];
+                for row in 0..b {
+                    for head in 0..hkv {
+                        let at = (row * hkv + head) * s * d;
+                        let (mut k, mut v) = (vec![0f32; s * d], vec![0f32; s * d]);
+                        super::paged::GatherHeads::gather_head(&slots, row, head, &mut k, &mut v);
+                        all[at..at + s * d].copy_from_slice(if of_keys { &k } else { &v });
+                    }
+                }
+                Tensor::from_vec(all, (b, hkv, s, d), &dev).unwrap()
+            };
+            let (k, v) = (tensor(true), tensor(false));
+            let slots: Arc<dyn super::paged::GatherHeads> = Arc::new(slots);
+            for l in [1, 2] {
+                if l > s {
+                    continue;
+                }
+                let q = Tensor::from_vec(values(b * h * l * d, 0.3), (b, h, l, d), &dev).unwrap();
+                for padded in [false, true] {
+                    let mut mask = Mask::causal_with_offset(s - l);
+                    if padded {
+                        let pad: Vec<u8> = (0..b * s).map(|i| u8::from(i % s == 0)).collect();
+                        let pad = Tensor::from_vec(pad, (b, s), &dev).unwrap();
+                        mask = mask.and(Mask::key_padding(pad).unwrap());
+                    }
+                    let shape = AttentionShape {
+                        batch: b,
+                        heads: h,
+                        q_len: l,
+                        k_len: s,
+                    };
+                    let parts = mask.decompose(shape, &dev).unwrap();
+                    let scale = 1.0 / (d as f64).sqrt();
+                    for isa in crate::simd::available_levels() {
+                        for block_k in [Some(16), None] {
+                            let cfg = TiledConfig {
+                                block_k,
+                                isa: Some(isa),
+                                blocks_per_task: None,
+                                half_dot: true,
+                            };
+                            let bits = |t: Tensor| {
+                                let t = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                                t.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+                            };
+                            let want = few_queries::attention_with(&q, &k, &v, &parts, scale, &cfg)
+                                .unwrap();
+                            let got = super::paged::attention(
+                                &q,
+                                slots.clone(),
+                                (hkv, s, d, d),
+                                &parts,
+                                scale,
+                                &cfg,
+                            )
+                            .unwrap()
+                            .expect("a decoding step's shape takes the paged kernel");
+                            let case = format!(
+                                "hkv {hkv} s {s} l {l} padded {padded} {isa} block_k {block_k:?}"
+                            );
+                            assert_eq!(bits(got), bits(want), "{case}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Keys the few-queries kernel splits over tasks are left to the tensor path.
+    let long = SharedSlots {
+        keys: vec![vec![0.0; 8]],
+        values: vec![vec![0.0; 8]],
+        rows: vec![vec![0; 4096]],
+        d: 8,
+        dv: 8,
+    };
+    let q = Tensor::zeros((1, 1, 1, 8), DType::F32, &dev).unwrap();
+    let none = super::paged::attention(
+        &q,
+        Arc::new(long),
+        (1, 4096, 8, 8),
+        &MaskParts::default(),
+        1.0,
+        &TiledConfig::default(),
+    )
+    .unwrap();
+    assert!(none.is_none());
+}

@@ -68,7 +68,7 @@ pub(super) fn run_tiled(
 ) {
     let Dims { b, h, l, d, dv, .. } = inp.dims;
     let groups = l.div_ceil(g * BQ);
-    let scratch_len = group_scratch_len(d, dv, bk, g, inp.kind);
+    let scratch_len = group_scratch_len(d, dv, bk, g, inp.kind) + inp.paged_scratch_len();
     let copies = if copy_shared {
         HeadCopies::new(inp, bk, groups)
     } else {
@@ -285,6 +285,8 @@ pub(crate) unsafe fn query_group(
     let nq_total = o.rows;
     assert!(nq_total <= g * BQ && (nq_total <= 1 || o.stride >= dv));
     let kind = inp.kind;
+    // A paged cache's keys and values are gathered into the end of the scratch (see below).
+    let (scratch, gathered) = scratch.split_at_mut(scratch.len() - inp.paged_scratch_len());
     let (st, rest) = scratch.split_at_mut(bk * BQ);
     let (tile, mut rest) = rest.split_at_mut(kind.tile_len(d, dv, bk));
     let q = inp.q.head(b, h);
@@ -329,12 +331,23 @@ pub(crate) unsafe fn query_group(
     // Grouped-query attention: the H / Hkv consecutive query heads of a group share one
     // key/value head, read in place (never repeated per query head).
     let kv_head = h / (inp.dims.h / inp.dims.hkv);
-    let (k, ksr) = match copy.keys {
-        Some(k) => (k, d),
-        None => (inp.k.head(b, kv_head), inp.k.sr()),
+    let (k, ksr, v, vsr) = match inp.paged {
+        // The head's keys and values copied in position order into contiguous rows: the
+        // micro-kernels below read them as they read a contiguous cache's, so the result is
+        // the same floats.
+        Some(paged) => {
+            let (keys, values) = gathered.split_at_mut(inp.dims.s * d);
+            paged.gather_head(b, kv_head, keys, values);
+            (Data::F32(keys), d, Data::F32(values), dv)
+        }
+        None => {
+            let (k, ksr) = match copy.keys {
+                Some(k) => (k, d),
+                None => (inp.k.head(b, kv_head), inp.k.sr()),
+            };
+            (k, ksr, inp.v.head(b, kv_head), inp.v.sr())
+        }
     };
-    let v = inp.v.head(b, kv_head);
-    let vsr = inp.v.sr();
     let kb_row = inp
         .key_bias
         .map(|kb| &kb[b * inp.dims.s..(b + 1) * inp.dims.s]);
