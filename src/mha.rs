@@ -777,8 +777,6 @@ impl MultiHeadAttention {
         self.split_heads(q, self.cfg.num_heads)
     }
 
-    /// [`MultiHeadAttention::attend_projected`] without the output projection: `output` is the
-    /// concatenated heads `(B, L, H · d_v)`.
     /// [`MultiHeadAttention::attend_heads`] over keys and values `(B, Hkv, S, head_dim)` that a
     /// cache holds in shared slots (`kv`, of shapes `kv_dims` = `(Hkv, S, head_dim, head_dim)`),
     /// read by the kernel in place: the same floats as `attend_heads` on them as tensors.
@@ -795,20 +793,33 @@ impl MultiHeadAttention {
         if args.need_weights || args.train || self.bias_kv.is_some() || self.cfg.add_zero_attn {
             return Ok(None);
         }
-        let (b, _, l, _) = q.dims4()?;
-        let mut mask = args.mask.clone();
-        if let Some(kp) = args.key_padding {
-            mask = mask.and(Mask::key_padding(kp.clone())?);
-        }
+        let mask = Self::heads_mask(args)?;
         let Some(heads) = crate::sdpa::attention_over_slots(q, kv, kv_dims, &mask)? else {
             return Ok(None);
         };
         Ok(Some(AttentionOutput {
-            output: heads.transpose(1, 2)?.reshape((b, l, self.cfg.embed_dim))?,
+            output: self.concat_heads(&heads)?,
             weights: None,
         }))
     }
 
+    /// The mask of an attention call: `args.mask` and its key padding as one [`Mask`].
+    fn heads_mask(args: &AttentionArgs) -> candle::Result<Mask> {
+        let mut mask = args.mask.clone();
+        if let Some(kp) = args.key_padding {
+            mask = mask.and(Mask::key_padding(kp.clone())?);
+        }
+        Ok(mask)
+    }
+
+    /// Attention's output `(B, H, L, d_v)` as the concatenated heads `(B, L, H · d_v)`.
+    fn concat_heads(&self, heads: &Tensor) -> candle::Result<Tensor> {
+        let (b, _, l, _) = heads.dims4()?;
+        heads.transpose(1, 2)?.reshape((b, l, self.cfg.embed_dim))
+    }
+
+    /// [`MultiHeadAttention::attend_projected`] without the output projection: `output` is the
+    /// concatenated heads `(B, L, H · d_v)`.
     pub(crate) fn attend_heads(
         &self,
         q: &Tensor,
@@ -818,10 +829,7 @@ impl MultiHeadAttention {
     ) -> candle::Result<AttentionOutput> {
         let (b, h, l, hd) = q.dims4()?;
         let s = k.dim(2)?;
-        let mut mask = args.mask.clone();
-        if let Some(kp) = args.key_padding {
-            mask = mask.and(Mask::key_padding(kp.clone())?);
-        }
+        let mut mask = Self::heads_mask(args)?;
         let (mut k, mut v) = (k.clone(), v.clone());
         let mut extra_keys = 0;
         if let Some((bias_k, bias_v)) = &self.bias_kv {
@@ -862,10 +870,7 @@ impl MultiHeadAttention {
             dropout: if args.train { self.cfg.dropout } else { 0.0 },
         };
         let attn = scaled_dot_product_attention(q, &k, &v, &sdpa)?;
-        let output = attn
-            .output
-            .transpose(1, 2)?
-            .reshape((b, l, self.cfg.embed_dim))?;
+        let output = self.concat_heads(&attn.output)?;
         let weights = match attn.weights {
             Some(w) if args.average_weights => Some(w.mean(1)?),
             w => w,

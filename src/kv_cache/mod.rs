@@ -76,7 +76,9 @@ impl KvCache {
         self.reserved = positions;
     }
 
-    /// The cached keys and values, `(B, H, S, head_dim)` views (no copy), or `None` when empty.
+    /// The cached keys and values `(B, H, S, head_dim)`, or `None` when empty: views of the
+    /// buffers (no copy), or, for a cache whose rows share slots (a beam search's inside a
+    /// decoder cache), contiguous copies gathered from them.
     pub fn keys_values(&self) -> candle::Result<Option<(Tensor, Tensor)>> {
         if let Some(slots) = &self.slots {
             return slots.gather().map(Some);
@@ -94,7 +96,7 @@ impl KvCache {
     /// `(B, H, S + T, head_dim)`. Batch, heads, head size, dtype and device must match what is
     /// cached. Under autograd (a tracked `k` or `v`) it concatenates instead of writing in place,
     /// so gradients are kept. A buffer shared with a clone is copied before it is written, so
-    /// the clone never sees this append.
+    /// the clone never sees this append. A cache in slots returns copies gathered from them.
     pub fn append(&mut self, k: &Tensor, v: &Tensor) -> candle::Result<(Tensor, Tensor)> {
         let (b, h, t, d) = k.dims4()?;
         if v.dims4()?.0 != b || v.dim(1)? != h || v.dim(2)? != t {
@@ -104,10 +106,8 @@ impl KvCache {
                 v.dims()
             )
         }
-        if self.slots.is_some() {
-            if let Some(slots) = self.append_to_slots(k, v)? {
-                return slots.gather();
-            }
+        if let Some(slots) = self.append_to_slots(k, v)? {
+            return slots.gather();
         }
         let shared = match &self.buffers {
             Some(shared) => shared,
@@ -236,7 +236,10 @@ impl KvCache {
 
     fn select(&mut self, rows: &Tensor, in_place: bool) -> candle::Result<()> {
         if let Some(slots) = &mut self.slots {
-            let ids = rows.to_dtype(candle::DType::U32)?.to_vec1::<u32>()?;
+            let ids = match host_row_ids(rows)? {
+                Some(ids) => ids,
+                None => rows.to_dtype(candle::DType::U32)?.to_vec1::<u32>()?,
+            };
             return Arc::make_mut(slots).select(&ids);
         }
         if let Some(kv) = &self.buffers {

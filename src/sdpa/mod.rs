@@ -127,12 +127,10 @@ pub fn scaled_dot_product_attention(
             args.dropout
         )
     }
-    let head_dim = q.dim(3)?;
     let scale = match args.scale {
         Some(s) if !s.is_finite() => candle::bail!("attention scale must be finite, got {s}"),
         Some(s) => s,
-        None if head_dim == 0 => 1.0,
-        None => 1.0 / (head_dim as f64).sqrt(),
+        None => default_scale(q.dim(3)?),
     };
     args.mask.validate(shape)?;
     // ---- flash-attn hook (feature `flash-attn`; src/sdpa/cuda/flash.rs) ----
@@ -153,10 +151,7 @@ pub fn scaled_dot_product_attention(
         && ![q, k, v].iter().any(|t| t.track_op());
     if fast {
         let parts = args.mask.decompose(shape, q.device())?;
-        let mask_tracks = [&parts.bias, &parts.key_bias]
-            .iter()
-            .any(|t| t.as_ref().is_some_and(|t| t.track_op()));
-        if !mask_tracks {
+        if !parts_track(&parts) {
             let output = if !uses_cpu_kernels(q.device(), q.dtype()) {
                 Some(blocked::attention(q, k, v, &parts, scale)?)
             } else if portable_prefers_naive(crate::simd::Isa::get(), shape, q.dtype()) {
@@ -211,14 +206,33 @@ pub(crate) fn attention_over_slots(
         return Ok(None);
     }
     let parts = mask.decompose(shape, q.device())?;
-    if [&parts.bias, &parts.key_bias]
-        .iter()
-        .any(|t| t.as_ref().is_some_and(|t| t.track_op()))
-    {
+    if parts_track(&parts) {
         return Ok(None);
     }
-    let scale = if d == 0 { 1.0 } else { 1.0 / (d as f64).sqrt() };
-    cpu::paged::attention(q, kv, kv_dims, &parts, scale, &Default::default())
+    cpu::paged::attention(
+        q,
+        kv,
+        kv_dims,
+        &parts,
+        default_scale(d),
+        &Default::default(),
+    )
+}
+
+/// The scale of the scores when none is given: `1 / sqrt(head_dim)` (1 for empty heads).
+fn default_scale(head_dim: usize) -> f64 {
+    if head_dim == 0 {
+        1.0
+    } else {
+        1.0 / (head_dim as f64).sqrt()
+    }
+}
+
+/// True when a mask's bias tensors track gradients (only the naive path keeps them).
+fn parts_track(parts: &crate::mask::MaskParts) -> bool {
+    [&parts.bias, &parts.key_bias]
+        .iter()
+        .any(|t| t.as_ref().is_some_and(|t| t.track_op()))
 }
 
 /// True when [`scaled_dot_product_attention`] runs inputs on `device` of `dtype` with a
