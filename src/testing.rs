@@ -37,6 +37,24 @@ pub fn detached_weights(varmap: &candle_nn::VarMap) -> HashMap<String, Tensor> {
         .collect()
 }
 
+/// A [`crate::mha::MultiHeadAttention`] of `cfg` with fresh random weights in `dtype` on `device`,
+/// loaded from [`detached_weights`] as inference code gets it (its projections track no
+/// gradient, so the inference kernels and caches run as in a real decode).
+pub fn inference_attention(
+    cfg: crate::mha::MultiHeadAttentionConfig,
+    dtype: candle::DType,
+    device: &Device,
+) -> candle::Result<crate::mha::MultiHeadAttention> {
+    use candle_nn::{VarBuilder, VarMap};
+    let varmap = VarMap::new();
+    crate::mha::MultiHeadAttention::new(
+        cfg.clone(),
+        VarBuilder::from_varmap(&varmap, dtype, device),
+    )?;
+    let weights = detached_weights(&varmap);
+    crate::mha::MultiHeadAttention::load(cfg, VarBuilder::from_tensors(weights, dtype, device))
+}
+
 /// [`crate::projection::Projection`] at a chosen instruction set.
 pub mod projection {
     use super::*;

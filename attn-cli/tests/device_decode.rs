@@ -11,7 +11,7 @@ use attn_cli::number_translator::{Seq2Seq, Seq2SeqConfig};
 use candle::{DType, Device, Tensor};
 use candle_attention::transformer::TransformerConfig;
 use candle_attention::{
-    AttentionArgs, CachedAttentionArgs, KvCache, Mask, MultiHeadAttention, MultiHeadAttentionConfig,
+    AttentionArgs, CachedAttentionArgs, KvCache, Mask, MultiHeadAttentionConfig,
 };
 use candle_nn::{VarBuilder, VarMap};
 use common::{test_device, tolerance};
@@ -117,16 +117,8 @@ fn cached_steps_equal_the_full_pass_on_the_test_device() {
 #[test]
 fn f64_cached_attention_runs_the_blocked_path_over_the_cache_view() {
     let cpu = Device::Cpu;
-    let varmap = VarMap::new();
     let cfg = MultiHeadAttentionConfig::new(16, 4);
-    MultiHeadAttention::new(
-        cfg.clone(),
-        VarBuilder::from_varmap(&varmap, DType::F64, &cpu),
-    )
-    .unwrap();
-    let tensors = candle_attention::testing::detached_weights(&varmap);
-    let attn =
-        MultiHeadAttention::load(cfg, VarBuilder::from_tensors(tensors, DType::F64, &cpu)).unwrap();
+    let attn = candle_attention::testing::inference_attention(cfg, DType::F64, &cpu).unwrap();
     let (batch, len) = (2, 11);
     let x = Tensor::randn(0f64, 1., (batch, len, 16), &cpu).unwrap();
     let mut pad = vec![0u8; batch * len];

@@ -805,23 +805,12 @@ mod tests {
     /// permutations, two tokens at once, and a clone that appends on its own.
     #[test]
     fn a_forked_cache_in_slots_attends_exactly_as_contiguous_buffers() {
-        use crate::MultiHeadAttentionConfig;
-        use candle_nn::{VarBuilder, VarMap};
         let dev = Device::Cpu;
         let (e, heads) = (32, 4);
-        let varmap = VarMap::new();
-        let cfg = MultiHeadAttentionConfig::new(e, heads);
-        MultiHeadAttention::new(
-            cfg.clone(),
-            VarBuilder::from_varmap(&varmap, DType::F32, &dev),
-        )
-        .unwrap();
         // Inference weights (variables would make every projection track its gradient, and a
         // cache under autograd never moves into slots).
-        let weights = crate::testing::detached_weights(&varmap);
-        let mha =
-            MultiHeadAttention::load(cfg, VarBuilder::from_tensors(weights, DType::F32, &dev))
-                .unwrap();
+        let cfg = crate::MultiHeadAttentionConfig::new(e, heads);
+        let mha = crate::testing::inference_attention(cfg, DType::F32, &dev).unwrap();
         let (mut slots, mut buffers) = (KvCache::new(), KvCache::new());
         // Row ids after each step: the first forks one row into four, later ones drop,
         // permute and fork again.

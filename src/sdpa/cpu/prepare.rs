@@ -236,7 +236,11 @@ impl Prepared {
     ) -> candle::Result<Self> {
         let (b, h, l, d) = q.dims4()?;
         if !matches!(q.device(), Device::Cpu) || q.dtype() != DType::F32 {
-            candle::bail!("paged attention takes f32 CPU queries, got {:?}", q.dtype())
+            candle::bail!(
+                "paged attention takes f32 CPU queries, got {:?} on {:?}",
+                q.dtype(),
+                q.device()
+            )
         }
         if hkv == 0 || !h.is_multiple_of(hkv) {
             candle::bail!("paged attention: {hkv} key/value heads cannot serve {h} query heads")
