@@ -15,6 +15,9 @@
 //! the clock: a scheduling change shows in them without noise); with
 //! OUT, writes each sentence's translation there (`LINE<TAB>TRANSLATION`, LINE 0-based in
 //! SENTENCES), to be compared with `attn translate --model` on the same lines.
+//!
+//! `attn` gives every thread one heap (`mallopt`, in `attn-cli`'s `main`); this example does
+//! not, so for the resident set `attn serve` has, run it with `MALLOC_ARENA_MAX=1`.
 
 use candle_attention::{TranslateOptions, Translator};
 use std::collections::HashMap;

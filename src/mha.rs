@@ -704,6 +704,42 @@ impl MultiHeadAttention {
             .expect("one part per projection was pushed"))
     }
 
+    /// Self-attention's three projections of `x` `(B, L, E)`: queries `(B, H, L, head_dim)`,
+    /// keys and values `(B, Hkv, L, head_dim)`, the floats of [`MultiHeadAttention::project_query`]
+    /// and [`MultiHeadAttention::project_key_value`] on `x`. One fused product where the
+    /// weights are fused; otherwise the three products run side by side on the thread pool,
+    /// so that a decoding step joins the pool once for them instead of three times (each
+    /// product of a few rows is short, and every join can leave a thread to fall asleep and be
+    /// woken for the next one). Off the CPU, one after the other.
+    pub(crate) fn project_self(&self, x: &Tensor) -> candle::Result<(Tensor, Tensor, Tensor)> {
+        if let Some(qkv) = &self.qkv_proj {
+            let heads = [
+                self.cfg.num_heads,
+                self.cfg.num_kv_heads,
+                self.cfg.num_kv_heads,
+            ];
+            let [q, k, v] = self.split_fused(&qkv.forward(x)?, heads)?;
+            return Ok((q, k, v));
+        }
+        let (q, k, v) = (
+            || self.q_proj.forward(x),
+            || self.k_proj.forward(x),
+            || self.v_proj.forward(x),
+        );
+        // On a GPU the products queue on one stream: nothing to gain from threads.
+        let (q, (k, v)) = if x.device().is_cpu() {
+            rayon::join(q, || rayon::join(k, v))
+        } else {
+            (q(), (k(), v()))
+        };
+        let hkv = self.cfg.num_kv_heads;
+        Ok((
+            self.split_heads(&q?, self.cfg.num_heads)?,
+            self.split_heads(&k?, hkv)?,
+            self.split_heads(&v?, hkv)?,
+        ))
+    }
+
     /// Projects queries `(B, L, E)` and splits the heads: `(B, H, L, head_dim)`.
     pub fn project_query(&self, query: &Tensor) -> candle::Result<Tensor> {
         self.split_heads(&self.q_proj.forward(query)?, self.cfg.num_heads)
@@ -901,5 +937,64 @@ impl ModuleT for MultiHeadAttention {
             ..Default::default()
         };
         Ok(self.attend(xs, xs, xs, &args)?.output)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::{save_tensors, TensorFile};
+    use candle::Device;
+
+    /// `project_self` gives the floats of the separate projections, both for weights read in
+    /// place from a mapped file (three products run side by side) and for constant tensors
+    /// (one fused product).
+    #[test]
+    fn self_projections_equal_the_separate_ones() -> candle::Result<()> {
+        let (e, heads) = (64, 4);
+        let dev = Device::Cpu;
+        let names = ["q_proj", "k_proj", "v_proj", "out_proj"];
+        let mut tensors = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let w = Tensor::randn(0f32, 0.2, (e, e), &dev)?;
+            let b = Tensor::randn(0f32, 0.1, e, &dev)?.affine(1.0, i as f64)?;
+            tensors.push((format!("{name}.weight"), w));
+            tensors.push((format!("{name}.bias"), b));
+        }
+        let dir = tempfile::tempdir().map_err(candle::Error::wrap)?;
+        let path = dir.path().join("attn.safetensors");
+        let named: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        save_tensors(&named, &path)?;
+        let file = TensorFile::open(&path)?;
+        let cfg = MultiHeadAttentionConfig::new(e, heads);
+        let vb = file.var_builder(DType::F32, &dev);
+        let mapped = MultiHeadAttention::from_source(
+            cfg.clone(),
+            &WeightSource::in_place(vb.clone(), &file),
+        )?;
+        let fused = MultiHeadAttention::from_source(cfg, &WeightSource::load(vb))?;
+        assert!(mapped.qkv_proj.is_none() && fused.qkv_proj.is_some());
+        // 36 rows: the row kernel of a decoding step.
+        let x = Tensor::randn(0f32, 1.0, (36, 1, e), &dev)?;
+        for attn in [&mapped, &fused] {
+            let (q, k, v) = attn.project_self(&x)?;
+            let (k2, v2) = attn.project_key_value(&x, &x)?;
+            let q2 = attn.project_query(&x)?;
+            for (got, want) in [(q, q2), (k, k2), (v, v2)] {
+                assert_eq!(got.dims(), want.dims());
+                let diff = got
+                    .flatten_all()?
+                    .to_vec1::<f32>()?
+                    .into_iter()
+                    .zip(want.flatten_all()?.to_vec1::<f32>()?)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                assert_eq!(
+                    diff, 0,
+                    "project_self differs from the separate projections"
+                );
+            }
+        }
+        Ok(())
     }
 }

@@ -224,6 +224,13 @@ impl DTypeArg {
 /// such blocks back to the kernel on free, and first-touching fresh pages costs about 1 ms per MB
 /// on this kind of machine: 5–10% of a beam-search step. Keep freed memory for reuse instead
 /// (blocks up to 32 MiB from the heap, no trimming); peak RSS is unchanged.
+///
+/// One heap for every thread: a step's tensors are allocated on whichever pool thread runs
+/// the call that makes them (the three self-attention projections and the cohorts' attention
+/// run side by side), and glibc gives each such thread an arena of its own, which, untrimmed,
+/// keeps its own high-water mark. Under a 128-client serving load that took the peak from
+/// 1.17× to 1.25× the resident set at rest (+27 MB, `examples/continuous_load`); with one
+/// arena it is 1.17× again, at the same speed.
 fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes allocator parameters; it is called before any thread starts
@@ -232,6 +239,7 @@ fn keep_freed_memory() {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
         libc::mallopt(libc::M_TOP_PAD, 64 << 20);
+        libc::mallopt(libc::M_ARENA_MAX, 1);
     }
 }
 

@@ -211,16 +211,54 @@ impl GatherHeads for PagedKv {
     fn gather_head(&self, row: usize, head: usize, keys: &mut [f32], values: &mut [f32]) {
         let (d, dv) = (self.d, self.dv);
         let positions = &self.rows[row];
-        for ((&slot, k), v) in positions
+        // The slots of a row lie scattered over the chunks, mostly outside this core's cache
+        // (a step streams every weight matrix through it): each copy waited for its four
+        // lines of keys and four of values. Asking for the slots a few positions ahead
+        // overlaps those misses with the copies: the copies' share of a 32-client serving
+        // load (`examples/continuous_load`, `perf`) fell from 6.6-7.4% to 4.7%. Further ahead
+        // (16) was no better.
+        let prefetch = |slot: u32| {
+            let (ks, vs) = self.slot(slot);
+            prefetch_into_l1(&ks[head * d..(head + 1) * d]);
+            prefetch_into_l1(&vs[head * dv..(head + 1) * dv]);
+        };
+        positions
+            .iter()
+            .take(PREFETCH_AHEAD)
+            .for_each(|&s| prefetch(s));
+        for (j, ((&slot, k), v)) in positions
             .iter()
             .zip(keys.chunks_exact_mut(d))
             .zip(values.chunks_exact_mut(dv))
+            .enumerate()
         {
+            if let Some(&ahead) = positions.get(j + PREFETCH_AHEAD) {
+                prefetch(ahead);
+            }
             let (ks, vs) = self.slot(slot);
             k.copy_from_slice(&ks[head * d..(head + 1) * d]);
             v.copy_from_slice(&vs[head * dv..(head + 1) * dv]);
         }
     }
+}
+
+/// Positions ahead of the copy whose slots [`PagedKv::gather_head`] asks the cache for.
+const PREFETCH_AHEAD: usize = 4;
+
+/// A hint to bring the cache lines of `data` towards this core (none off x86-64).
+#[inline(always)]
+fn prefetch_into_l1(data: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in data.chunks(16) {
+        // SAFETY: a prefetch is a hint that never faults; the address lies inside `data`.
+        unsafe {
+            core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+                line.as_ptr().cast(),
+            )
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
 }
 
 /// True when a store of shared slots can hold `buffer`'s keys or values: a CPU `f32` tensor

@@ -13,6 +13,7 @@ use super::decoder::{DecoderCache, TransformerDecoder, TransformerDecoderLayer};
 use crate::mha::AttentionArgs;
 use crate::simd::elementwise::add;
 use candle::{Module, Tensor};
+use rayon::prelude::*;
 
 /// One batch of a step over several: its rows' encoder memory and decoder caches.
 pub(crate) struct DecoderPart<'a> {
@@ -107,22 +108,17 @@ impl TransformerDecoderLayer {
         parts: &mut [DecoderPart<'_>],
         index: usize,
     ) -> candle::Result<Tensor> {
-        let q = self.self_attn.project_query(x)?;
-        let (k, v) = self.self_attn.project_key_value(x, x)?;
-        let mut heads = Vec::with_capacity(parts.len());
-        let mut start = 0;
-        for part in parts.iter_mut() {
-            let n = part.rows;
-            let rows = |t: &Tensor| t.narrow(0, start, n);
-            heads.push(self.self_attn.attend_cached_heads(
+        let (q, k, v) = self.self_attn.project_self(x)?;
+        let heads = each_part(parts, x.device().is_cpu(), |part, start| {
+            let rows = |t: &Tensor| t.narrow(0, start, part.rows);
+            self.self_attn.attend_cached_heads(
                 &rows(&q)?,
                 &rows(&k)?,
                 &rows(&v)?,
                 &mut part.cache.layers[index].self_attn,
                 None,
-            )?);
-            start += n;
-        }
+            )
+        })?;
         self.self_attn.project_output(&Tensor::cat(&heads, 0)?)
     }
 
@@ -138,9 +134,7 @@ impl TransformerDecoderLayer {
         let (_, t, e) = x.dims3()?;
         let attn = &self.multihead_attn;
         let q = attn.project_query_rows(x)?;
-        let mut heads = Vec::with_capacity(parts.len());
-        let mut start = 0;
-        for part in parts.iter_mut() {
+        let heads = each_part(parts, x.device().is_cpu(), |part, start| {
             let n = part.rows;
             let m = part.memory.dim(0)?;
             let cache = &mut part.cache.layers[index].cross_attn;
@@ -152,10 +146,43 @@ impl TransformerDecoderLayer {
                 key_padding: Some(part.memory_padding),
                 ..Default::default()
             };
-            let out = attn.attend_heads(&q, &k, &v, &args)?.output;
-            heads.push(out.reshape((n, t, e))?);
-            start += n;
-        }
+            attn.attend_heads(&q, &k, &v, &args)?
+                .output
+                .reshape((n, t, e))
+        })?;
         attn.project_output(&Tensor::cat(&heads, 0)?)
     }
+}
+
+/// `f(part, start)` for every part, `start` its first row in the stacked input: the parts'
+/// results in part order. On the CPU (`on_cpu`) the parts run side by side on the thread
+/// pool (each call also splits its own work across it): one pool-wide join for all of them
+/// rather than one per part, so that a thread done with a small part takes up another part
+/// instead of waiting at that part's join (with 4 cohorts, a 32-client serving load ran
+/// ~5% faster; `examples/continuous_load`, AMD EPYC Zen 4, 2 threads). Elsewhere one part
+/// after the other: a GPU's kernels queue on one stream.
+fn each_part<F>(parts: &mut [DecoderPart<'_>], on_cpu: bool, f: F) -> candle::Result<Vec<Tensor>>
+where
+    F: Fn(&mut DecoderPart<'_>, usize) -> candle::Result<Tensor> + Sync,
+{
+    let starts: Vec<usize> = parts
+        .iter()
+        .scan(0, |start, part| {
+            let first = *start;
+            *start += part.rows;
+            Some(first)
+        })
+        .collect();
+    if !on_cpu {
+        return parts
+            .iter_mut()
+            .zip(starts)
+            .map(|(part, start)| f(part, start))
+            .collect();
+    }
+    parts
+        .par_iter_mut()
+        .zip(starts)
+        .map(|(part, start)| f(part, start))
+        .collect()
 }

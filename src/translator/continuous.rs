@@ -44,9 +44,10 @@ impl Admission {
     /// (8.32 against 9.38 s, medians of 3 alternating rounds, AMD EPYC Zen 4, AVX-512, 2
     /// threads), the median 5.7 against 5.3 s, for 11.80 against 11.91 sentences/s; at 128
     /// clients peak memory 423 against 417 MB. 6 and 8 cohorts cut the steps further but not
-    /// the time (8: 2,398 steps at 39.6 rows, 10.8 sentences/s). Running the cohorts'
-    /// attention side by side on the pool gained nothing measurable and took 30 MB more at
-    /// 128 clients (the workers' allocations in their own malloc arenas).
+    /// the time (8: 2,398 steps at 39.6 rows, 10.8 sentences/s). The cohorts' attention runs
+    /// side by side on the pool (`transformer::decoder_parts`); the memory that took at 128
+    /// clients (+27 MB: the workers' allocations in malloc arenas of their own) `attn` avoids
+    /// with one arena for every thread.
     pub(crate) const ARRIVING: Self = Self {
         max_cohorts: 4,
         share: 4,
