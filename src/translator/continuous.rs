@@ -22,7 +22,7 @@ use super::core::{Core, Request};
 use super::error::TranslateError;
 use super::types::{TranslateOptions, Translation};
 use crate::generation::{GenerationConfig, Hypothesis, Search, StepStart};
-use crate::models::encoder_decoder::DecodeState;
+use crate::models::encoder_decoder::{DecodeState, EncoderDecoderModel};
 use std::collections::VecDeque;
 
 /// When a running batch starts a new cohort: at most `max_cohorts` decoding at once, and only
@@ -62,6 +62,77 @@ impl Admission {
         max_cohorts: 2,
         share: 2,
     };
+}
+
+/// Up to this many rows in all, the cohorts of a step run as two model calls side by side
+/// on the thread pool (each call's products and attention still split across the pool)
+/// rather than one: every product of a step is short at these sizes (a 512 × 512 matrix times
+/// 36 rows is ~0.1 ms on two threads), and each of the ~60 joins of one call leaves a thread
+/// waiting, or asleep and to be woken, while the other finishes or runs the serial work
+/// between them (norms, appends, beam bookkeeping). Two calls keep both threads busy with
+/// work of their own. Every row's floats are the same either way: below the packed GEMM's
+/// threshold (96 rows) every product takes the row kernel, which computes each row alone.
+const SPLIT_MAX_ROWS: usize = 64;
+
+/// The cohorts of one step: cohort index, cohort, tokens to feed (one per row).
+type Stepping<'c> = Vec<(usize, &'c mut Cohort, &'c [u32])>;
+
+/// Two groups of about equal rows out of items of `rows` rows each (the largest first into
+/// the lighter group): whether each item goes to the first group.
+fn halves(rows: &[usize]) -> Vec<bool> {
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(rows[i]));
+    let mut in_first = vec![false; rows.len()];
+    let (mut first, mut second) = (0, 0);
+    for i in order {
+        if first <= second {
+            in_first[i] = true;
+            first += rows[i];
+        } else {
+            second += rows[i];
+        }
+    }
+    in_first
+}
+
+/// What a step did to one cohort: the texts that ended (item, hypotheses), or the error.
+type StepOutcome = Result<Vec<(usize, Vec<Hypothesis>)>, String>;
+
+/// One decoding step of `group` in one model call, then each cohort's search: per cohort,
+/// the texts that ended or the error (a failed model call fails every cohort of the call:
+/// their states may be half stepped).
+fn step_group(model: &EncoderDecoderModel, group: Stepping<'_>) -> Vec<(usize, StepOutcome)> {
+    let mut parts: Vec<(&mut DecodeState, &[u32])> = Vec::with_capacity(group.len());
+    let mut searches = Vec::with_capacity(group.len());
+    for (c, cohort, tokens) in group {
+        let Cohort { state, search, .. } = cohort;
+        parts.push((state, tokens));
+        searches.push((c, search, tokens.len()));
+    }
+    if parts.is_empty() {
+        return Vec::new();
+    }
+    let log_probs = match model.step_parts(&mut parts) {
+        Ok(log_probs) => log_probs,
+        Err(e) => {
+            let e = e.to_string();
+            return searches
+                .into_iter()
+                .map(|(c, ..)| (c, Err(e.clone())))
+                .collect();
+        }
+    };
+    let mut start = 0;
+    let mut outcomes = Vec::with_capacity(searches.len());
+    for ((c, search, n), (state, _)) in searches.into_iter().zip(parts) {
+        let rows = log_probs.narrow(0, start, n);
+        start += n;
+        let ended = rows
+            .and_then(|rows| search.end_step(model, state, rows))
+            .map_err(|e| e.to_string());
+        outcomes.push((c, ended));
+    }
+    outcomes
 }
 
 /// A cohort is filled from the oldest waiting text and the texts of like length among the next
@@ -254,49 +325,59 @@ impl<'t> Continuous<'t> {
                 Err(e) => failed.push((c, e.to_string())),
             }
         }
-        // One model call for every cohort that steps.
-        let stepped = {
-            let mut stepping: Vec<&mut Cohort> = Vec::with_capacity(feeds.len());
-            let mut rest = self.cohorts.iter_mut().enumerate();
-            for (c, _) in &feeds {
-                let cohort = rest.find(|(i, _)| i == c).map(|(_, cohort)| cohort);
-                stepping.extend(cohort);
+        // The cohorts that step, with their tokens, in cohort order.
+        let mut stepping: Vec<(usize, &mut Cohort, &[u32])> = Vec::with_capacity(feeds.len());
+        let mut rest = self.cohorts.iter_mut().enumerate();
+        for (c, tokens) in &feeds {
+            if let Some((_, cohort)) = rest.find(|(i, _)| i == c) {
+                stepping.push((*c, cohort, tokens.as_slice()));
             }
-            let mut parts: Vec<(&mut DecodeState, &[u32])> = stepping
-                .into_iter()
-                .zip(&feeds)
-                .map(|(cohort, (_, tokens))| (&mut cohort.state, tokens.as_slice()))
-                .collect();
-            if parts.is_empty() {
-                Ok(None)
-            } else {
-                model.step_parts(&mut parts).map(Some)
-            }
-        };
-        match stepped {
-            Ok(Some(log_probs)) => {
-                let mut start = 0;
-                for (c, tokens) in &feeds {
-                    let cohort = &mut self.cohorts[*c];
-                    let rows = log_probs.narrow(0, start, tokens.len());
-                    start += tokens.len();
-                    let ended = rows
-                        .and_then(|rows| cohort.search.end_step(model, &mut cohort.state, rows));
-                    match ended {
-                        Ok(ended) => Self::hand_out(
-                            self.translator,
-                            cohort,
-                            ended,
-                            &mut done,
-                            &mut self.tokens_generated,
-                        ),
-                        Err(e) => failed.push((*c, e.to_string())),
-                    }
+        }
+        let rows: usize = stepping.iter().map(|(_, _, t)| t.len()).sum();
+        let sizes: Vec<usize> = stepping.iter().map(|(_, _, t)| t.len()).collect();
+        let in_first = halves(&sizes);
+        let first: usize = sizes
+            .iter()
+            .zip(&in_first)
+            .filter(|p| *p.1)
+            .map(|p| p.0)
+            .sum();
+        // Each call reads every weight: a half of less than a quarter of the rows would cost
+        // a pass over the weights for too few rows.
+        let split = stepping.len() >= 2
+            && rows <= SPLIT_MAX_ROWS
+            && 4 * first.min(rows - first) >= rows
+            && model.device().is_cpu();
+        let outcomes = if split {
+            // Two model calls side by side, one per half of the rows (see SPLIT_MAX_ROWS).
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for (entry, to_a) in stepping.into_iter().zip(in_first) {
+                if to_a {
+                    a.push(entry);
+                } else {
+                    b.push(entry);
                 }
             }
-            Ok(None) => {}
-            // The states may be half stepped: every cohort of the call starts again.
-            Err(e) => failed.extend(feeds.iter().map(|(c, _)| (*c, e.to_string()))),
+            let (mut a, b) = rayon::join(|| step_group(model, a), || step_group(model, b));
+            a.extend(b);
+            // Texts that end at the same step are handed out in cohort order, as one call
+            // does.
+            a.sort_by_key(|(c, _)| *c);
+            a
+        } else {
+            step_group(model, stepping)
+        };
+        for (c, outcome) in outcomes {
+            match outcome {
+                Ok(ended) => Self::hand_out(
+                    self.translator,
+                    &mut self.cohorts[c],
+                    ended,
+                    &mut done,
+                    &mut self.tokens_generated,
+                ),
+                Err(e) => failed.push((c, e)),
+            }
         }
         failed.sort_unstable_by_key(|f| f.0);
         for (c, error) in failed.into_iter().rev() {
@@ -467,5 +548,19 @@ impl Core {
     ) -> Result<Translation, TranslateError> {
         hypotheses.truncate(options.n_best.max(1));
         self.translation(ids, hypotheses, options)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::halves;
+
+    #[test]
+    fn steps_split_into_halves_of_the_rows() {
+        // 20 | 12, then 8 to the lighter (12 + 8), then 4 to the lighter (20 + 4).
+        assert_eq!(halves(&[4, 20, 8, 12]), [true, true, false, false]);
+        assert_eq!(halves(&[36, 4]), [true, false]);
+        assert_eq!(halves(&[5, 5, 5]), [true, false, true]);
+        assert!(halves(&[]).is_empty());
     }
 }
