@@ -644,14 +644,8 @@ impl MultiHeadAttention {
         };
         // Self-attention (one tensor passed three times) projects it once.
         let (q, k, v) = match &self.qkv_proj {
-            Some(qkv) if query_in.id() == key_in.id() && key_in.id() == value_in.id() => {
-                let heads = [
-                    self.cfg.num_heads,
-                    self.cfg.num_kv_heads,
-                    self.cfg.num_kv_heads,
-                ];
-                let [q, k, v] = self.split_fused(&qkv.forward(&query)?, heads)?;
-                (q, k, v)
+            Some(_) if query_in.id() == key_in.id() && key_in.id() == value_in.id() => {
+                self.project_self(&query)?
             }
             _ => {
                 let (k, v) = self.project_key_value(&key, &value)?;

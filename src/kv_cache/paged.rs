@@ -15,7 +15,7 @@
 //! never move (a chunk is freed with the cache); freed slots are reused first.
 
 use crate::sdpa::cpu::paged::GatherHeads;
-use crate::simd::cpu_f32;
+use crate::simd::{cpu_f32, prefetch_lines, NearCache};
 use candle::{DType, Device, Tensor};
 
 /// Slots a chunk holds: 64 positions of an `E = 512` model are 128 KiB of keys and as much of
@@ -217,10 +217,17 @@ impl GatherHeads for PagedKv {
         // overlaps those misses with the copies: the copies' share of a 32-client serving
         // load (`examples/continuous_load`, `perf`) fell from 6.6-7.4% to 4.7%. Further ahead
         // (16) was no better.
-        let prefetch = |slot: u32| {
+        let head_of = |slot: u32| {
             let (ks, vs) = self.slot(slot);
-            prefetch_into_l1(&ks[head * d..(head + 1) * d]);
-            prefetch_into_l1(&vs[head * dv..(head + 1) * dv]);
+            (
+                &ks[head * d..(head + 1) * d],
+                &vs[head * dv..(head + 1) * dv],
+            )
+        };
+        let prefetch = |slot: u32| {
+            let (k, v) = head_of(slot);
+            prefetch_lines(k.as_ptr().cast(), size_of_val(k), NearCache::L1);
+            prefetch_lines(v.as_ptr().cast(), size_of_val(v), NearCache::L1);
         };
         positions
             .iter()
@@ -235,31 +242,15 @@ impl GatherHeads for PagedKv {
             if let Some(&ahead) = positions.get(j + PREFETCH_AHEAD) {
                 prefetch(ahead);
             }
-            let (ks, vs) = self.slot(slot);
-            k.copy_from_slice(&ks[head * d..(head + 1) * d]);
-            v.copy_from_slice(&vs[head * dv..(head + 1) * dv]);
+            let (ks, vs) = head_of(slot);
+            k.copy_from_slice(ks);
+            v.copy_from_slice(vs);
         }
     }
 }
 
 /// Positions ahead of the copy whose slots [`PagedKv::gather_head`] asks the cache for.
 const PREFETCH_AHEAD: usize = 4;
-
-/// A hint to bring the cache lines of `data` towards this core (none off x86-64).
-#[inline(always)]
-fn prefetch_into_l1(data: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    for line in data.chunks(16) {
-        // SAFETY: a prefetch is a hint that never faults; the address lies inside `data`.
-        unsafe {
-            core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
-                line.as_ptr().cast(),
-            )
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = data;
-}
 
 /// True when a store of shared slots can hold `buffer`'s keys or values: a CPU `f32` tensor
 /// that tracks no gradient (the kernel reading slots is `f32`-only).

@@ -10,7 +10,7 @@
 //! round-off apart, before the bf16 rounding).
 
 use super::tile::OutPtr;
-use crate::simd::Isa;
+use crate::simd::{prefetch_lines, Isa, NearCache};
 use rayon::prelude::*;
 
 /// Rows of `W` per parallel task.
@@ -20,28 +20,6 @@ const ROWS_PER_TASK: usize = 64;
 /// brought a mapped bf16 output projection (58101 × 512) in at 14 GB/s, half the machine's
 /// streaming bandwidth (the `f32` row kernel prefetches likewise, `avx512::rows_block`).
 const PREFETCH_ROWS: usize = 48;
-
-/// Prefetches into L2 the `len` values from `p` on (a hint: `p` is never dereferenced, and
-/// addresses past the end of `W` do nothing).
-#[inline(always)]
-fn prefetch_lines(p: *const u16, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let base = p.cast::<i8>();
-        let mut line = 0;
-        while line < 2 * len {
-            // SAFETY: a prefetch is a hint that never faults, whatever the address.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                    base.wrapping_add(line),
-                )
-            };
-            line += 64;
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (p, len);
-}
 
 /// `f32` value of bf16 bits.
 #[inline(always)]
@@ -122,7 +100,8 @@ impl Dot {
         match self {
             Dot::Portable => {
                 if let Some(p) = ahead {
-                    prefetch_lines(p, 4 * k);
+                    // The next 4 rows of `W` (2 bytes a value).
+                    prefetch_lines(p.cast(), 2 * 4 * k, NearCache::L2);
                 }
                 let mut sums = [[0f32; 4]; 4];
                 for (a, row) in sums.iter_mut().enumerate().take(mr) {

@@ -33,3 +33,38 @@ pub use isa::{active_level, available_levels, cpu_level, describe_cpu, IsaLevel,
 pub(crate) use scalar::{exp2, fma, round_bf16};
 pub(crate) use scratch::with_scratch;
 pub(crate) use storage::{cpu_f32, cpu_half_bits};
+
+/// The cache a [`prefetch_lines`] asks for.
+#[derive(Clone, Copy)]
+pub(crate) enum NearCache {
+    /// `_MM_HINT_T0`: data about to be read.
+    L1,
+    /// `_MM_HINT_T1`: data streamed a little ahead of its use.
+    L2,
+}
+
+/// Asks the CPU to bring the cache lines of the `bytes` bytes from `start` into `cache`
+/// (x86-64; nothing elsewhere). A hint: `start` is never dereferenced, and addresses outside
+/// any allocation do nothing.
+#[inline(always)]
+pub(crate) fn prefetch_lines(start: *const u8, bytes: usize, cache: NearCache) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+        let base = start.cast::<i8>();
+        let mut line = 0;
+        while line < bytes {
+            let p = base.wrapping_add(line);
+            // SAFETY: a prefetch is a hint that never faults, whatever the address.
+            unsafe {
+                match cache {
+                    NearCache::L1 => _mm_prefetch::<_MM_HINT_T0>(p),
+                    NearCache::L2 => _mm_prefetch::<_MM_HINT_T1>(p),
+                }
+            }
+            line += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (start, bytes, cache);
+}

@@ -109,7 +109,7 @@ impl TransformerDecoderLayer {
         index: usize,
     ) -> candle::Result<Tensor> {
         let (q, k, v) = self.self_attn.project_self(x)?;
-        let heads = each_part(parts, x.device().is_cpu(), |part, start| {
+        let heads = each_part(parts, |part, start| {
             let rows = |t: &Tensor| t.narrow(0, start, part.rows);
             self.self_attn.attend_cached_heads(
                 &rows(&q)?,
@@ -134,7 +134,7 @@ impl TransformerDecoderLayer {
         let (_, t, e) = x.dims3()?;
         let attn = &self.multihead_attn;
         let q = attn.project_query_rows(x)?;
-        let heads = each_part(parts, x.device().is_cpu(), |part, start| {
+        let heads = each_part(parts, |part, start| {
             let n = part.rows;
             let m = part.memory.dim(0)?;
             let cache = &mut part.cache.layers[index].cross_attn;
@@ -155,34 +155,31 @@ impl TransformerDecoderLayer {
 }
 
 /// `f(part, start)` for every part, `start` its first row in the stacked input: the parts'
-/// results in part order. On the CPU (`on_cpu`) the parts run side by side on the thread
-/// pool (each call also splits its own work across it): one pool-wide join for all of them
-/// rather than one per part, so that a thread done with a small part takes up another part
-/// instead of waiting at that part's join (with 4 cohorts, a 32-client serving load ran
-/// ~5% faster; `examples/continuous_load`, AMD EPYC Zen 4, 2 threads). Elsewhere one part
-/// after the other: a GPU's kernels queue on one stream.
-fn each_part<F>(parts: &mut [DecoderPart<'_>], on_cpu: bool, f: F) -> candle::Result<Vec<Tensor>>
+/// results in part order. On the CPU the parts run side by side on the thread pool (each call
+/// also splits its own work across it): one pool-wide join for all of them rather than one
+/// per part, so that a thread done with a small part takes up another part instead of waiting
+/// at that part's join (with 4 cohorts, a 32-client serving load ran ~5% faster;
+/// `examples/continuous_load`, AMD EPYC Zen 4, 2 threads). Elsewhere one part after the
+/// other: a GPU's kernels queue on one stream.
+fn each_part<F>(parts: &mut [DecoderPart<'_>], f: F) -> candle::Result<Vec<Tensor>>
 where
     F: Fn(&mut DecoderPart<'_>, usize) -> candle::Result<Tensor> + Sync,
 {
-    let starts: Vec<usize> = parts
-        .iter()
-        .scan(0, |start, part| {
-            let first = *start;
-            *start += part.rows;
-            Some(first)
-        })
-        .collect();
-    if !on_cpu {
-        return parts
-            .iter_mut()
-            .zip(starts)
-            .map(|(part, start)| f(part, start))
-            .collect();
+    let on_cpu = parts.iter().all(|p| p.memory.device().is_cpu());
+    let mut start = 0;
+    let mut work: Vec<(&mut DecoderPart<'_>, usize)> = Vec::with_capacity(parts.len());
+    for part in parts.iter_mut() {
+        let first = start;
+        start += part.rows;
+        work.push((part, first));
     }
-    parts
-        .par_iter_mut()
-        .zip(starts)
-        .map(|(part, start)| f(part, start))
-        .collect()
+    if on_cpu {
+        work.into_par_iter()
+            .map(|(part, start)| f(part, start))
+            .collect()
+    } else {
+        work.into_iter()
+            .map(|(part, start)| f(part, start))
+            .collect()
+    }
 }

@@ -95,6 +95,25 @@ fn halves(rows: &[usize]) -> Vec<bool> {
     in_first
 }
 
+/// The halves ([`halves`]) of a step's cohorts of `rows` rows each when the step is worth
+/// two model calls (see [`SPLIT_MAX_ROWS`]): two cohorts or more, at most
+/// [`SPLIT_MAX_ROWS`] rows in all, and each half at least a quarter of them (each call reads
+/// every weight: a smaller half would cost a pass over the weights for too few rows).
+fn two_calls(rows: &[usize]) -> Option<Vec<bool>> {
+    let total: usize = rows.iter().sum();
+    if rows.len() < 2 || total > SPLIT_MAX_ROWS {
+        return None;
+    }
+    let in_first = halves(rows);
+    let first: usize = rows
+        .iter()
+        .zip(&in_first)
+        .filter(|p| *p.1)
+        .map(|p| p.0)
+        .sum();
+    (4 * first.min(total - first) >= total).then_some(in_first)
+}
+
 /// What a step did to one cohort: the texts that ended (item, hypotheses), or the error.
 type StepOutcome = Result<Vec<(usize, Vec<Hypothesis>)>, String>;
 
@@ -333,31 +352,16 @@ impl<'t> Continuous<'t> {
                 stepping.push((*c, cohort, tokens.as_slice()));
             }
         }
-        let rows: usize = stepping.iter().map(|(_, _, t)| t.len()).sum();
         let sizes: Vec<usize> = stepping.iter().map(|(_, _, t)| t.len()).collect();
-        let in_first = halves(&sizes);
-        let first: usize = sizes
-            .iter()
-            .zip(&in_first)
-            .filter(|p| *p.1)
-            .map(|p| p.0)
-            .sum();
-        // Each call reads every weight: a half of less than a quarter of the rows would cost
-        // a pass over the weights for too few rows.
-        let split = stepping.len() >= 2
-            && rows <= SPLIT_MAX_ROWS
-            && 4 * first.min(rows - first) >= rows
-            && model.device().is_cpu();
-        let outcomes = if split {
+        let halves = model.device().is_cpu().then(|| two_calls(&sizes)).flatten();
+        let outcomes = if let Some(in_first) = halves {
             // Two model calls side by side, one per half of the rows (see SPLIT_MAX_ROWS).
-            let (mut a, mut b) = (Vec::new(), Vec::new());
-            for (entry, to_a) in stepping.into_iter().zip(in_first) {
-                if to_a {
-                    a.push(entry);
-                } else {
-                    b.push(entry);
-                }
-            }
+            let (a, b): (Vec<_>, Vec<_>) = stepping
+                .into_iter()
+                .zip(in_first)
+                .partition(|(_, first)| *first);
+            let entries = |half: Vec<_>| half.into_iter().map(|(entry, _)| entry).collect();
+            let (a, b) = (entries(a), entries(b));
             let (mut a, b) = rayon::join(|| step_group(model, a), || step_group(model, b));
             a.extend(b);
             // Texts that end at the same step are handed out in cohort order, as one call
@@ -553,7 +557,7 @@ impl Core {
 
 #[cfg(test)]
 mod tests {
-    use super::halves;
+    use super::{halves, two_calls};
 
     #[test]
     fn steps_split_into_halves_of_the_rows() {
@@ -562,5 +566,15 @@ mod tests {
         assert_eq!(halves(&[36, 4]), [true, false]);
         assert_eq!(halves(&[5, 5, 5]), [true, false, true]);
         assert!(halves(&[]).is_empty());
+    }
+
+    #[test]
+    fn steps_split_only_into_halves_worth_a_call() {
+        assert_eq!(two_calls(&[20, 16]), Some(vec![true, false]));
+        // 4 of 40 rows: under a quarter.
+        assert_eq!(two_calls(&[36, 4]), None);
+        // One cohort, or more rows than SPLIT_MAX_ROWS.
+        assert_eq!(two_calls(&[32]), None);
+        assert_eq!(two_calls(&[40, 40]), None);
     }
 }
