@@ -86,7 +86,7 @@ fn main() -> anyhow::Result<()> {
     let arg =
         |i: usize, default: usize| args.get(i).and_then(|v| v.parse().ok()).unwrap_or(default);
     let (model, corpus) = (&args[1], &args[2]);
-    let (clients, requests, rows, tokens) = (arg(3, 32), arg(4, 200), arg(5, 64), arg(6, 768));
+    let (clients, requests, rows, tokens) = (arg(3, 32), arg(4, 200), arg(5, 64), arg(6, 1024));
     let sentences: Vec<String> = std::fs::read_to_string(corpus)?
         .lines()
         .filter(|l| !l.trim().is_empty())
