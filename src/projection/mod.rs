@@ -57,6 +57,11 @@ use std::sync::Arc;
 
 use tile::PANEL;
 
+/// From this many rows of `x` on, a product may leave the row kernel, which computes each row
+/// alone, for the packed GEMM (see [`rows::PACKED_MIN_ROWS`]; the portable level leaves it
+/// from [`rows::PORTABLE_PACKED_MIN_ROWS`]).
+pub(crate) use rows::PACKED_MIN_ROWS;
+
 /// How a [`Projection`] holds its weight.
 #[derive(Clone, Debug)]
 enum Weight {

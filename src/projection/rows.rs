@@ -22,7 +22,7 @@ const ROWS_PER_TASK: usize = 128;
 /// 21.9 vs 22.4, 96 rows 31.5 vs 30.9. (Packed once instead of on the fly, the GEMM is no
 /// faster than the dot products below this either: 32 rows 12.1 vs 12.2 ms, 64 rows 20.9 vs
 /// 21.0 at the AVX-512 level; at the AVX2 level 14.3 vs 11.9 and 24.4 vs 23.3.)
-pub(super) const PACKED_MIN_ROWS: usize = 96;
+pub(crate) const PACKED_MIN_ROWS: usize = 96;
 
 /// [`PACKED_MIN_ROWS`] at the portable level (a CPU without AVX2: aarch64, or
 /// `ATTN_CPU_ISA=portable`). There the row kernel's plain-Rust dot products (2 × 2 tiles,

@@ -23,6 +23,7 @@ use super::error::TranslateError;
 use super::types::{TranslateOptions, Translation};
 use crate::generation::{GenerationConfig, Hypothesis, Search, StepStart};
 use crate::models::encoder_decoder::{DecodeState, EncoderDecoderModel};
+use crate::projection::PACKED_MIN_ROWS;
 use std::collections::VecDeque;
 
 /// When a running batch starts a new cohort: at most `max_cohorts` decoding at once, and only
@@ -70,9 +71,14 @@ impl Admission {
 /// 36 rows is ~0.1 ms on two threads), and each of the ~60 joins of one call leaves a thread
 /// waiting, or asleep and to be woken, while the other finishes or runs the serial work
 /// between them (norms, appends, beam bookkeeping). Two calls keep both threads busy with
-/// work of their own. Every row's floats are the same either way: below the packed GEMM's
-/// threshold (96 rows) every product takes the row kernel, which computes each row alone.
+/// work of their own. At the AVX2 and AVX-512 levels every row's floats are the same either
+/// way: below [`PACKED_MIN_ROWS`] every product takes the row kernel, which computes each row
+/// alone. At the portable level, whose packed kernel starts at 8 rows, a half of fewer rows
+/// may differ from one call by f32 round-off, as any change of the rows batched together may
+/// (see the module documentation).
 const SPLIT_MAX_ROWS: usize = 64;
+// The floats above hold only while a step split in two stays below the packed GEMM.
+const _: () = assert!(SPLIT_MAX_ROWS < PACKED_MIN_ROWS);
 
 /// The cohorts of one step: cohort index, cohort, tokens to feed (one per row).
 type Stepping<'c> = Vec<(usize, &'c mut Cohort, &'c [u32])>;
