@@ -271,15 +271,15 @@ fn a_missing_directory_says_what_it_takes() {
 }
 
 /// Texts arriving one step after another each start a cohort while a quarter of the row cap is
-/// free, up to four cohorts decoding at once (a fifth waits), and each gets what it gets alone.
+/// free, up to six cohorts decoding at once (a seventh waits), and each gets what it gets alone.
 #[test]
-fn arriving_texts_start_up_to_four_cohorts() {
+fn arriving_texts_start_up_to_six_cohorts() {
     let m = Translator::builder(fixture("marian_e2e"))
-        .max_batch_rows(8)
+        .max_batch_rows(12)
         .build()
         .unwrap();
     let options = TranslateOptions::beam(1);
-    // The fixture text with the longest greedy translation, so that none ends in 5 steps.
+    // The fixture text with the longest greedy translation, so that none ends in 7 steps.
     let (text, alone) = marian_texts()
         .into_iter()
         .map(|t| {
@@ -288,22 +288,22 @@ fn arriving_texts_start_up_to_four_cohorts() {
         })
         .max_by_key(|(_, out)| out.generated_tokens)
         .unwrap();
-    assert!(alone.generated_tokens > 6, "{}", alone.generated_tokens);
+    assert!(alone.generated_tokens > 8, "{}", alone.generated_tokens);
     let mut running = m.continuous();
     let mut rows = Vec::new();
     let mut results = Vec::new();
-    for tag in 0..5u64 {
+    for tag in 0..7u64 {
         running.push(tag, &text, None, &options).unwrap();
         results.extend(running.step());
         rows.push(running.running_rows());
     }
-    // One row a text: four cohorts of one (8 rows, a quarter = 2 free), the fifth waiting.
-    assert_eq!(rows, [1, 2, 3, 4, 4]);
+    // One row a text: six cohorts of one (12 rows, a quarter = 3 free), the seventh waiting.
+    assert_eq!(rows, [1, 2, 3, 4, 5, 6, 6]);
     assert_eq!(running.waiting(), 1);
     while !running.is_idle() {
         results.extend(running.step());
     }
-    assert_eq!(results.len(), 5);
+    assert_eq!(results.len(), 7);
     for (tag, result) in results {
         let got = result.unwrap();
         assert_eq!(

@@ -40,17 +40,23 @@ impl Admission {
     /// Texts that arrive over time ([`Translator::continuous`](super::Translator::continuous):
     /// `attn serve`): more cohorts admitted sooner mean shorter waits for a place and fuller
     /// steps. `examples/continuous_load` (deterministic arrivals, opus-mt size, beam 4, 32
-    /// clients, 200 requests): 1,741 steps at 36.7 rows instead of 1,928 at 33.2 with
-    /// [`Admission::SORTED`], the 99th percentile of request latency 445 steps instead of 540
-    /// (8.32 against 9.38 s, medians of 3 alternating rounds, AMD EPYC Zen 4, AVX-512, 2
-    /// threads), the median 5.7 against 5.3 s, for 11.80 against 11.91 sentences/s; at 128
-    /// clients peak memory 423 against 417 MB. 6 and 8 cohorts cut the steps further but not
-    /// the time (8: 2,398 steps at 39.6 rows, 10.8 sentences/s). The cohorts' attention runs
-    /// side by side on the pool (`transformer::decoder_parts`); the memory that took at 128
-    /// clients (+27 MB: the workers' allocations in malloc arenas of their own) `attn` avoids
-    /// with one arena for every thread.
+    /// clients, 200 requests, a budget of 768 tokens): 4 cohorts at a quarter gave 1,741 steps
+    /// at 36.7 rows instead of 1,928 at 33.2 with [`Admission::SORTED`], the 99th percentile
+    /// of request latency 445 steps instead of 540 (8.32 against 9.38 s, medians of 3
+    /// alternating rounds, AMD EPYC Zen 4, AVX-512, 2 threads), for 11.80 against 11.91
+    /// sentences/s. At `attn serve`'s budget of 1,024 tokens the cohort count binds instead:
+    /// 4 cohorts, each kept open by its last texts, let the running batch fall to 43 rows a
+    /// step on average. With 6 (100 requests, 1,024 tokens, 64 rows; 2026-12-06): 677 steps at
+    /// 46.6 rows instead of 733 at 43.0, the 99th percentile 326 steps instead of 376, 2–12%
+    /// more sentences/s in each of five alternating rounds, fewer CPU seconds in each, the same
+    /// peak memory (1.20–1.21× the resident set after the warm-up against 1.22×); through
+    /// `attn serve` at 32 and 128 clients, 3–19% more in each of two alternating rounds
+    /// (docs/performance.md#serving). 8 cohorts: 666 steps at 47.4 rows, no faster than 6.
+    /// The cohorts' attention runs side by side on the pool (`transformer::decoder_parts`);
+    /// the memory that took at 128 clients (+27 MB: the workers' allocations in malloc arenas
+    /// of their own) `attn` avoids with one arena for every thread.
     pub(crate) const ARRIVING: Self = Self {
-        max_cohorts: 4,
+        max_cohorts: 6,
         share: 4,
     };
 
