@@ -9,7 +9,9 @@
 //!   second such product), for m = 1 to 96: GFLOP/s and the weight's bytes per second (compare
 //!   with `mem_bandwidth`); the same weight packed up front (`Projection::new`), and quantized
 //!   to int8 (`Projection::from_int8`);
-//! * a decoder step's 36 matrices of an opus-mt model (88 MB) back to back, at 1 to 64 rows.
+//! * a decoder step's 36 matrices of an opus-mt model (88 MB) back to back, at 1 to 64 rows,
+//!   and the same rows as two sequences of half of them side by side (as `attn serve` runs a
+//!   step of up to 64 rows: two model calls, each reading every weight).
 //!
 //! `cargo run --release --example projection_speed [N...]` (default N = 128 512 1024 4096);
 //! run it on rayon's pool threads the way `attn` does (it does: `ThreadPool::install`).
@@ -126,6 +128,28 @@ fn main() -> Result<()> {
                  min {min:.3} ms, weight read at {:.1} GB/s, {:.1} GFLOP/s",
                 bytes as f64 / 1e6,
                 bytes as f64 / (med * 1e6),
+                (m * bytes / 2) as f64 / (med * 1e6)
+            );
+        }
+        // The same rows as two sequences of m / 2 side by side (`rayon::join`), as a serving
+        // step split into two model calls runs them: each reads every weight.
+        for m in [16usize, 32, 48, 64] {
+            let h = m / 2;
+            let x512 = Tensor::randn(0f32, 1.0, (h, 512), &Device::Cpu)?;
+            let x2048 = Tensor::randn(0f32, 1.0, (h, 2048), &Device::Cpu)?;
+            let run = || -> Result<()> {
+                for (p, (_, k)) in layers.iter().zip(shapes.iter().cycle()) {
+                    p.forward(if *k == 512 { &x512 } else { &x2048 })?;
+                }
+                Ok(())
+            };
+            let (med, min) = time(30, || {
+                let (a, b) = rayon::join(run, run);
+                a.and(b)
+            })?;
+            println!(
+                "rows 2 x ({h}, k) x 36 decoder matrices side by side: median {med:.3} ms, \
+                 min {min:.3} ms, {:.1} GFLOP/s",
                 (m * bytes / 2) as f64 / (med * 1e6)
             );
         }
