@@ -112,17 +112,24 @@ fn main() -> Result<()> {
             })
             .collect::<candle::Result<_>>()?;
         let bytes: usize = 6 * shapes.iter().map(|(n, k)| n * k * 4).sum::<usize>();
+        // The 36 products of one step at the rows of `x512` and `x2048`, and such inputs.
+        let run_step = |x512: &Tensor, x2048: &Tensor| -> Result<()> {
+            for (p, (_, k)) in layers.iter().zip(shapes.iter().cycle()) {
+                p.forward(if *k == 512 { x512 } else { x2048 })?;
+            }
+            Ok(())
+        };
+        let inputs = |m: usize| -> Result<(Tensor, Tensor)> {
+            Ok((
+                Tensor::randn(0f32, 1.0, (m, 512), &Device::Cpu)?,
+                Tensor::randn(0f32, 1.0, (m, 2048), &Device::Cpu)?,
+            ))
+        };
         // At more rows (continuous batching's steps), the same sequence: where the time per row
         // stops falling, the step is bound by the products, not by reading the weights.
         for m in [1usize, 4, 16, 32, 48, 64] {
-            let x512 = Tensor::randn(0f32, 1.0, (m, 512), &Device::Cpu)?;
-            let x2048 = Tensor::randn(0f32, 1.0, (m, 2048), &Device::Cpu)?;
-            let (med, min) = time(30, || {
-                for (p, (_, k)) in layers.iter().zip(shapes.iter().cycle()) {
-                    p.forward(if *k == 512 { &x512 } else { &x2048 })?;
-                }
-                Ok(())
-            })?;
+            let (x512, x2048) = inputs(m)?;
+            let (med, min) = time(30, || run_step(&x512, &x2048))?;
             println!(
                 "rows ({m}, k) x 36 decoder matrices ({:.0} MB) in place: median {med:.3} ms, \
                  min {min:.3} ms, weight read at {:.1} GB/s, {:.1} GFLOP/s",
@@ -135,16 +142,9 @@ fn main() -> Result<()> {
         // step split into two model calls runs them: each reads every weight.
         for m in [16usize, 32, 48, 64] {
             let h = m / 2;
-            let x512 = Tensor::randn(0f32, 1.0, (h, 512), &Device::Cpu)?;
-            let x2048 = Tensor::randn(0f32, 1.0, (h, 2048), &Device::Cpu)?;
-            let run = || -> Result<()> {
-                for (p, (_, k)) in layers.iter().zip(shapes.iter().cycle()) {
-                    p.forward(if *k == 512 { &x512 } else { &x2048 })?;
-                }
-                Ok(())
-            };
+            let (x512, x2048) = inputs(h)?;
             let (med, min) = time(30, || {
-                let (a, b) = rayon::join(run, run);
+                let (a, b) = rayon::join(|| run_step(&x512, &x2048), || run_step(&x512, &x2048));
                 a.and(b)
             })?;
             println!(

@@ -14,9 +14,10 @@ use std::time::Duration;
 
 /// The server's row cap and token budget (padded source tokens of every sentence decoding at
 /// once): smaller than the bulk path's, so that memory under load stays bounded near its size
-/// at rest (see docs/serving.md, "Memory"). At 64 rows it is the budget that bounds a running
-/// batch of opus-mt-length sentences: 1,024 tokens rather than 768 decode 43 rows a step rather
-/// than 36 (`examples/continuous_load`, 32 clients), and through `attn serve` at 32 clients
+/// at rest (see docs/serving.md, "Memory"). At 64 rows and 768 tokens it was the budget that
+/// bounded a running batch of opus-mt-length sentences: 1,024 tokens decode 43 rows a step
+/// rather than 36 (`examples/continuous_load`, 32 clients, four cohorts; six now take it to
+/// 46.6, see `Admission::ARRIVING`), and through `attn serve` at 32 clients
 /// 11.6 / 11.7 against 10.9 / 11.1 sentences/s, for a peak at 128 clients of 1.20–1.21×
 /// the memory at rest instead of 1.15–1.18× (AMD EPYC Zen 4, AVX-512, 2 threads, 2026-12-06).
 const DEFAULT_SERVE_BATCH_ROWS: usize = 64;
