@@ -314,6 +314,40 @@ fn arriving_texts_start_up_to_six_cohorts() {
     }
 }
 
+/// A running batch's own token budget bounds its padded source tokens instead of the
+/// translator's (what `attn serve` sizes from its memory at rest); zero is refused.
+#[test]
+fn a_running_batch_takes_its_own_token_budget() {
+    let m = marian();
+    let options = TranslateOptions::beam(1);
+    let text = marian_texts().remove(0);
+    let alone = m.translate(&[&text], &options).unwrap().remove(0).unwrap();
+    let tokens = alone.source_tokens;
+    let err = m.continuous().with_max_batch_tokens(0).err().unwrap();
+    assert!(err.to_string().contains("max_batch_tokens"), "{err}");
+    assert_eq!(m.continuous().max_batch_tokens(), m.max_batch_tokens());
+    // Room for two copies of the text: the running batch never holds more.
+    let mut running = m.continuous().with_max_batch_tokens(2 * tokens).unwrap();
+    assert_eq!(running.max_batch_tokens(), 2 * tokens);
+    let mut results = Vec::new();
+    for tag in 0..5u64 {
+        running.push(tag, &text, None, &options).unwrap();
+    }
+    while !running.is_idle() {
+        results.extend(running.step());
+        assert!(
+            running.source_tokens() <= 2 * tokens,
+            "{}",
+            running.source_tokens()
+        );
+        assert!(running.running_rows() <= 2);
+    }
+    assert_eq!(results.len(), 5);
+    for (tag, result) in results {
+        assert_eq!(result.unwrap().text, alone.text, "{tag}");
+    }
+}
+
 /// Continuous batching: texts pushed while others decode, a cancelled text, the row cap; every
 /// result equal to the text's translation alone.
 #[test]

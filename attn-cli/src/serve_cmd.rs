@@ -12,16 +12,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The server's row cap and token budget (padded source tokens of every sentence decoding at
-/// once): smaller than the bulk path's, so that memory under load stays bounded near its size
-/// at rest (see docs/serving.md, "Memory"). At 64 rows and 768 tokens it was the budget that
-/// bounded a running batch of opus-mt-length sentences: 1,024 tokens decode 43 rows a step
-/// rather than 36 (`examples/continuous_load`, 32 clients, four cohorts; six now take it to
-/// 46.6, see `Admission::ARRIVING`), and through `attn serve` at 32 clients
-/// 11.6 / 11.7 against 10.9 / 11.1 sentences/s, for a peak at 128 clients of 1.20–1.21×
-/// the memory at rest instead of 1.15–1.18× (AMD EPYC Zen 4, AVX-512, 2 threads, 2026-12-06).
+/// The server's row cap: smaller than the bulk path's, so that memory under load stays bounded
+/// near its size at rest (see docs/serving.md, "Memory"). Its token budget is sized after
+/// loading unless `--max-batch-tokens` gives it (`attn_cli::serve::budget`).
 const DEFAULT_SERVE_BATCH_ROWS: usize = 64;
-const DEFAULT_SERVE_BATCH_TOKENS: usize = 1024;
 
 /// `attn serve --help`: examples and a systemd unit, after the options.
 const EXAMPLES: &str = "\
@@ -95,9 +89,12 @@ pub struct ServeArgs {
     #[command(flatten)]
     precision: PrecisionArgs,
     /// Most padded source tokens (sentences × longest sentence, per cohort) of the sentences
-    /// decoding at once, all cohorts together: it bounds the running batch's memory.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_SERVE_BATCH_TOKENS)]
-    max_batch_tokens: usize,
+    /// decoding at once in a model's running batch, all cohorts together: it bounds the
+    /// running batch's memory. Default: sized after loading so that the running batches hold
+    /// at most a quarter of the memory at rest, up to 1024 (a 300 MB f32 opus-mt model gets
+    /// 1024, its int8 copy 320; the log says it).
+    #[arg(long, value_name = "N")]
+    max_batch_tokens: Option<usize>,
     /// Most decoder rows (sentences × beams) decoding at once: working memory grows with it.
     #[arg(long, value_name = "ROWS", default_value_t = DEFAULT_SERVE_BATCH_ROWS)]
     max_batch_rows: usize,
@@ -320,7 +317,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     if args.beam == Some(0) {
         bail!("--beam must be at least 1");
     }
-    if args.max_batch_tokens == 0 || args.max_batch_rows == 0 {
+    if args.max_batch_tokens == Some(0) || args.max_batch_rows == 0 {
         bail!("--max-batch-tokens and --max-batch-rows must be at least 1");
     }
     let settings = settings(args)?;

@@ -20,7 +20,7 @@ fn options(max_queue: usize) -> EngineOptions {
         beam: Some(2),
         max_new_tokens: None,
         precision: Precision::F32,
-        max_batch_tokens: 4096,
+        max_batch_tokens: Some(4096),
         max_batch_rows: 64,
         max_queue,
         languages: Vec::new(),
@@ -281,4 +281,50 @@ fn more_engines_than_pool_threads_each_answer() {
     *go.0.lock().unwrap() = true;
     go.1.notify_all();
     wait_for("answered");
+}
+
+#[test]
+fn the_token_budget_is_given_or_sized_from_the_memory_at_rest() {
+    let given = marian_engine(10);
+    assert_eq!(given.max_batch_tokens(), [4096]);
+    let spec = |dir: &str| ModelSpec {
+        pair: Some(("en".into(), "de".into())),
+        model: fixture(dir),
+    };
+    let sized = Engine::load(
+        vec![spec("marian_e2e")],
+        EngineOptions {
+            max_batch_tokens: None,
+            ..options(10)
+        },
+    )
+    .unwrap();
+    // The fixture's running batch is small next to the process: the largest budget.
+    assert_eq!(sized.max_batch_tokens(), [1024]);
+    let out = sized
+        .submit(job(&["Is it forty-two?"], 60))
+        .unwrap()
+        .blocking_recv()
+        .unwrap()
+        .unwrap();
+    let want = Translator::builder(fixture("marian_e2e"))
+        .beam(2)
+        .build()
+        .unwrap()
+        .translate(&["Is it forty-two?"], &TranslateOptions::default())
+        .unwrap()
+        .remove(0)
+        .unwrap()
+        .text;
+    assert_eq!(out[0].as_ref().unwrap().text, want);
+    let err = Engine::load(
+        vec![spec("marian_e2e")],
+        EngineOptions {
+            max_batch_tokens: Some(0),
+            ..options(10)
+        },
+    )
+    .err()
+    .unwrap();
+    assert!(err.to_string().contains("--max-batch-tokens"), "{err}");
 }

@@ -210,6 +210,7 @@ pub struct Continuous<'t> {
     waiting: VecDeque<Waiting>,
     cohorts: Vec<Cohort>,
     max_rows: usize,
+    max_tokens: usize,
     admission: Admission,
     tokens_generated: u64,
 }
@@ -225,9 +226,28 @@ impl<'t> Continuous<'t> {
             waiting: VecDeque::new(),
             cohorts: Vec::new(),
             max_rows: translator.max_batch_rows,
+            max_tokens: translator.max_batch_tokens,
             admission,
             tokens_generated: 0,
         }
+    }
+
+    /// This running batch with its own token budget: the most padded source tokens (texts ×
+    /// longest source, per cohort) of the texts decoding at once, all cohorts together, instead
+    /// of the translator's [`max_batch_tokens`](super::Translator::max_batch_tokens). A server
+    /// sizes it from the memory it holds at rest (`attn serve`). A first cohort always takes
+    /// its oldest text, however long. Zero is refused.
+    pub fn with_max_batch_tokens(mut self, max_batch_tokens: usize) -> candle::Result<Self> {
+        if max_batch_tokens == 0 {
+            candle::bail!("max_batch_tokens must be at least 1")
+        }
+        self.max_tokens = max_batch_tokens;
+        Ok(self)
+    }
+
+    /// The token budget of this running batch (see [`Continuous::with_max_batch_tokens`]).
+    pub fn max_batch_tokens(&self) -> usize {
+        self.max_tokens
     }
 
     /// Queues `text` under `tag`, for `pair` (`None`: the model's own) with `options`. A text
@@ -316,7 +336,7 @@ impl<'t> Continuous<'t> {
     }
 
     /// Padded source tokens the running cohorts hold (texts × longest source, per cohort): what
-    /// [`Translator::max_batch_tokens`](super::Translator::max_batch_tokens) bounds.
+    /// [`Continuous::max_batch_tokens`] bounds.
     pub fn source_tokens(&self) -> usize {
         self.cohorts
             .iter()
@@ -462,7 +482,7 @@ impl<'t> Continuous<'t> {
             // and, roughly in proportion, its decoder caches, so the budget bounds what the
             // running texts keep in memory. A first cohort always takes its oldest text.
             let held = self.source_tokens();
-            let budget = self.translator.max_batch_tokens.saturating_sub(held);
+            let budget = self.max_tokens.saturating_sub(held);
             if !self.cohorts.is_empty() && first.ids.len() > budget {
                 return;
             }

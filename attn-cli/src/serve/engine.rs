@@ -11,6 +11,7 @@
 use super::backend::{
     ApiLanguage, Backend, Job, JobError, JobResult, Sentence, Stats, SubmitError,
 };
+use super::budget::{auto_budgets, bytes_per_token, resident_bytes, MAX_AUTO_TOKENS};
 use super::languages::{api_code, api_name};
 use anyhow::Context;
 use candle_attention::translator::Continuous;
@@ -41,8 +42,10 @@ pub struct EngineOptions {
     pub max_new_tokens: Option<usize>,
     /// f32, bf16, f16 or int8.
     pub precision: Precision,
-    /// Padded source tokens per cohort.
-    pub max_batch_tokens: usize,
+    /// The most padded source tokens (sentences × longest, per cohort) of the sentences
+    /// decoding at once in a model's running batch, all cohorts together; `None`: sized from
+    /// the memory at rest after loading ([`super::budget`]).
+    pub max_batch_tokens: Option<usize>,
     /// Decoder rows (sentences × beams) decoding at once, per model.
     pub max_batch_rows: usize,
     /// The most sentences waiting for a place in the running batch; beyond, jobs are refused.
@@ -172,6 +175,8 @@ pub struct Engine {
     languages: Vec<ApiLanguage>,
     beam: usize,
     max_queue: usize,
+    /// Each model's token budget, in `--model` order.
+    budgets: Vec<usize>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -180,6 +185,9 @@ impl Engine {
     pub fn load(models: Vec<ModelSpec>, options: EngineOptions) -> anyhow::Result<Engine> {
         if models.is_empty() {
             anyhow::bail!("no model to serve: give at least one --model")
+        }
+        if options.max_batch_tokens == Some(0) || options.max_batch_rows == 0 {
+            anyhow::bail!("--max-batch-tokens and --max-batch-rows must be at least 1")
         }
         let mut translators = Vec::new();
         let mut routes: HashMap<(String, String), Route> = HashMap::new();
@@ -190,7 +198,7 @@ impl Engine {
         for (index, spec) in models.iter().enumerate() {
             let mut builder = Translator::builder(&spec.model)
                 .precision(options.precision)
-                .max_batch_tokens(options.max_batch_tokens)
+                .max_batch_tokens(options.max_batch_tokens.unwrap_or(MAX_AUTO_TOKENS))
                 .max_batch_rows(options.max_batch_rows)
                 .beam(options.beam.unwrap_or(4));
             if let Some(n) = options.max_new_tokens {
@@ -288,6 +296,32 @@ impl Engine {
                 })?;
             }
         }
+        let budgets = match options.max_batch_tokens {
+            Some(tokens) => vec![tokens; translators.len()],
+            None => {
+                // After the warm-up: the weights are packed and the first buffers touched, so
+                // the resident set is what the server holds at rest.
+                let rest = resident_bytes();
+                let per_token: Vec<u64> = translators
+                    .iter()
+                    .map(|t| {
+                        let beams = t.generation_config().num_beams.unwrap_or(1);
+                        bytes_per_token(t.model(), beams)
+                    })
+                    .collect();
+                let budgets = auto_budgets(rest, &per_token);
+                for ((spec, tokens), bytes) in models.iter().zip(&budgets).zip(&per_token) {
+                    tracing::info!(
+                        model = %spec.model.display(),
+                        max_batch_tokens = tokens,
+                        resident_mb_at_rest = rest.map(|b| b / 1_000_000),
+                        batch_kb_per_token = bytes / 1_000,
+                        "batch budget sized from the memory at rest (--max-batch-tokens sets it)"
+                    );
+                }
+                budgets
+            }
+        };
         let beam = translators
             .iter()
             .map(|t| t.generation_config().num_beams.unwrap_or(1))
@@ -297,7 +331,10 @@ impl Engine {
         let worker = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("attn-engine".into())
-            .spawn(move || run(&worker, &translators))
+            .spawn({
+                let budgets = budgets.clone();
+                move || run(&worker, &translators, &budgets)
+            })
             .context("starting the engine thread")?;
         Ok(Engine {
             shared,
@@ -305,8 +342,17 @@ impl Engine {
             languages,
             beam,
             max_queue: options.max_queue.max(1),
+            budgets,
             thread: Some(thread),
         })
+    }
+}
+
+impl Engine {
+    /// Each model's token budget (`--model` order): `--max-batch-tokens`, or the one sized from
+    /// the memory at rest.
+    pub fn max_batch_tokens(&self) -> &[usize] {
+        &self.budgets
     }
 }
 
@@ -408,8 +454,16 @@ fn inbox_sentences(inbox: &Inbox) -> usize {
 /// idle engine waiting there left the pool a thread short, and with as many engines alive as
 /// threads (the tests run several at once) rayon stacked one engine's wait under another's
 /// and everything stopped.
-fn run(shared: &Shared, translators: &[Arc<Translator>]) {
-    let mut batches: Vec<Continuous<'_>> = translators.iter().map(|t| t.continuous()).collect();
+fn run(shared: &Shared, translators: &[Arc<Translator>], budgets: &[usize]) {
+    let mut batches: Vec<Continuous<'_>> = translators
+        .iter()
+        .zip(budgets)
+        .map(|(t, &tokens)| {
+            t.continuous()
+                .with_max_batch_tokens(tokens)
+                .unwrap_or_else(|_| t.continuous())
+        })
+        .collect();
     let mut jobs: HashMap<u64, Pending> = HashMap::new();
     // tag -> (job, sentence index)
     let mut owner: HashMap<u64, (u64, usize)> = HashMap::new();
