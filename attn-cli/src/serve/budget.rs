@@ -47,8 +47,9 @@ pub fn bytes_per_token(model: &EncoderDecoderModel, beams: usize) -> u64 {
 
 /// Each model's budget when the process holds `rest_bytes` at rest and a running batch of
 /// model `i` holds `per_token[i]` bytes a token: every model's batch may be full at once, so
-/// each gets an equal part of a quarter of `rest_bytes`, in tokens, rounded down to a multiple of 64
-/// and kept within 128..=1,024. Without a resident size (not Linux) every budget is 1,024.
+/// each gets an equal part of a quarter of `rest_bytes`, in tokens, rounded down to a multiple
+/// of 64 and kept within 128..=1,024. Without a resident size (not Linux) every budget is
+/// 1,024.
 pub fn auto_budgets(rest_bytes: Option<u64>, per_token: &[u64]) -> Vec<usize> {
     per_token
         .iter()

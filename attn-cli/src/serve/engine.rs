@@ -346,9 +346,7 @@ impl Engine {
             thread: Some(thread),
         })
     }
-}
 
-impl Engine {
     /// Each model's token budget (`--model` order): `--max-batch-tokens`, or the one sized from
     /// the memory at rest.
     pub fn max_batch_tokens(&self) -> &[usize] {
@@ -459,6 +457,8 @@ fn run(shared: &Shared, translators: &[Arc<Translator>], budgets: &[usize]) {
         .iter()
         .zip(budgets)
         .map(|(t, &tokens)| {
+            // `Engine::load` refused a zero budget and sizes none below 128, so this never
+            // falls back to the translator's own budget.
             t.continuous()
                 .with_max_batch_tokens(tokens)
                 .unwrap_or_else(|_| t.continuous())
