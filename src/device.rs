@@ -56,8 +56,22 @@ pub fn device_from_name(name: &str) -> candle::Result<Device> {
 /// `/proc/meminfo`); `None` where that is not known (not Linux, or unreadable). Used to refuse
 /// work that cannot fit before allocating it, instead of being killed or aborting.
 pub fn available_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    proc_kib("/proc/meminfo", "MemAvailable")
+}
+
+/// This process's resident set, in bytes (`VmRSS` of `/proc/self/status`); `None` where that
+/// is not known (not Linux, or unreadable). `attn serve` sizes its batches from it at rest.
+pub fn resident_memory() -> Option<u64> {
+    proc_kib("/proc/self/status", "VmRSS")
+}
+
+/// The `KEY:  N kB` line of a `/proc` file, in bytes.
+fn proc_kib(path: &str, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let line = text.lines().find(|l| {
+        l.strip_prefix(key)
+            .is_some_and(|rest| rest.starts_with(':'))
+    })?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)
 }
@@ -65,6 +79,13 @@ pub fn available_memory() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn linux_says_the_resident_set() {
+        let rss = resident_memory().expect("VmRSS");
+        assert!(rss > 100_000, "{rss}");
+    }
 
     #[test]
     fn names_parse_and_missing_backends_say_which_feature() {

@@ -142,7 +142,7 @@ pub mod weights;
 /// the version this crate is built on).
 pub use candle;
 
-pub use device::{available_memory, device_from_name};
+pub use device::{available_memory, device_from_name, resident_memory};
 pub use generation::{GenerationConfig, StepDecoder};
 pub use kv_cache::{CachedAttentionArgs, CrossAttentionCache, KvCache};
 pub use mask::{AttentionShape, Mask};

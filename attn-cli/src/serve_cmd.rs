@@ -317,9 +317,6 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     if args.beam == Some(0) {
         bail!("--beam must be at least 1");
     }
-    if args.max_batch_tokens == Some(0) || args.max_batch_rows == 0 {
-        bail!("--max-batch-tokens and --max-batch-rows must be at least 1");
-    }
     let settings = settings(args)?;
     let specs = args
         .models

@@ -45,6 +45,17 @@ fn job(sentences: &[&str], seconds: u64) -> Job {
     }
 }
 
+/// The engine's answer to a job of the one sentence `text` (en → de, 60 s).
+fn answer_one(engine: &Engine, text: &str) -> String {
+    let out = engine
+        .submit(job(&[text], 60))
+        .unwrap()
+        .blocking_recv()
+        .unwrap()
+        .unwrap();
+    out[0].as_ref().unwrap().text.clone()
+}
+
 fn sentences() -> Vec<String> {
     let expected: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(fixture("marian_e2e/expected.json")).unwrap(),
@@ -229,13 +240,7 @@ fn a_multilingual_model_serves_every_pair_of_its_languages() {
         .remove(0)
         .unwrap()
         .text;
-    let out = engine
-        .submit(job(&["Hello, world!"], 60))
-        .unwrap()
-        .blocking_recv()
-        .unwrap()
-        .unwrap();
-    assert_eq!(out[0].as_ref().unwrap().text, want);
+    assert_eq!(answer_one(&engine, "Hello, world!"), want);
 }
 
 /// More engines alive at once than rayon has threads (as when several servers or these tests
@@ -301,12 +306,7 @@ fn the_token_budget_is_given_or_sized_from_the_memory_at_rest() {
     .unwrap();
     // The fixture's running batch is small next to the process: the largest budget.
     assert_eq!(sized.max_batch_tokens(), [1024]);
-    let out = sized
-        .submit(job(&["Is it forty-two?"], 60))
-        .unwrap()
-        .blocking_recv()
-        .unwrap()
-        .unwrap();
+    let out = answer_one(&sized, "Is it forty-two?");
     let want = Translator::builder(fixture("marian_e2e"))
         .beam(2)
         .build()
@@ -316,7 +316,7 @@ fn the_token_budget_is_given_or_sized_from_the_memory_at_rest() {
         .remove(0)
         .unwrap()
         .text;
-    assert_eq!(out[0].as_ref().unwrap().text, want);
+    assert_eq!(out, want);
     let err = Engine::load(
         vec![spec("marian_e2e")],
         EngineOptions {

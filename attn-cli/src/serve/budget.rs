@@ -51,25 +51,17 @@ pub fn bytes_per_token(model: &EncoderDecoderModel, beams: usize) -> u64 {
 /// of 64 and kept within 128..=1,024. Without a resident size (not Linux) every budget is
 /// 1,024.
 pub fn auto_budgets(rest_bytes: Option<u64>, per_token: &[u64]) -> Vec<usize> {
+    let Some(rest) = rest_bytes else {
+        return vec![MAX_AUTO_TOKENS; per_token.len()];
+    };
+    let share = rest as f64 * SHARE_OF_REST / per_token.len().max(1) as f64;
     per_token
         .iter()
         .map(|&bytes| {
-            let Some(rest) = rest_bytes else {
-                return MAX_AUTO_TOKENS;
-            };
-            let share = rest as f64 * SHARE_OF_REST / per_token.len().max(1) as f64;
             let tokens = (share / bytes.max(1) as f64) as usize;
             (tokens / TOKEN_STEP * TOKEN_STEP).clamp(MIN_AUTO_TOKENS, MAX_AUTO_TOKENS)
         })
         .collect()
-}
-
-/// This process's resident set (`VmRSS` of `/proc/self/status`), where the system says it.
-pub fn resident_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
 }
 
 #[cfg(test)]
@@ -110,12 +102,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    #[cfg(target_os = "linux")]
-    fn linux_says_the_resident_set() {
-        let rss = resident_bytes().expect("VmRSS");
-        assert!(rss > 100_000, "{rss}");
     }
 }

@@ -11,7 +11,7 @@
 use super::backend::{
     ApiLanguage, Backend, Job, JobError, JobResult, Sentence, Stats, SubmitError,
 };
-use super::budget::{auto_budgets, bytes_per_token, resident_bytes, MAX_AUTO_TOKENS};
+use super::budget::{auto_budgets, bytes_per_token, MAX_AUTO_TOKENS};
 use super::languages::{api_code, api_name};
 use anyhow::Context;
 use candle_attention::translator::Continuous;
@@ -301,7 +301,7 @@ impl Engine {
             None => {
                 // After the warm-up: the weights are packed and the first buffers touched, so
                 // the resident set is what the server holds at rest.
-                let rest = resident_bytes();
+                let rest = candle_attention::resident_memory();
                 let per_token: Vec<u64> = translators
                     .iter()
                     .map(|t| {
