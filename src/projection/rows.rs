@@ -165,6 +165,40 @@ mod tests {
     }
 
     #[test]
+    fn a_rows_outputs_do_not_depend_on_the_rows_beside_it() {
+        // What continuous batching rests on (`translator::continuous`): at the AVX2 and
+        // AVX-512 levels a row of `x` gets the same floats alone as in any block, whichever
+        // tile (4 rows, or the last 1 to 3) computed it. Values that round, so that a change
+        // in the summation order would show.
+        let (rows, k) = (9, 83);
+        let w: Vec<f32> = (0..rows * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let bias: Vec<f32> = (0..rows).map(|r| r as f32 * 0.11).collect();
+        let product = |isa: Isa, x: &[f32], m: usize| {
+            let mut y = vec![0f32; m * rows];
+            // SAFETY: `y` holds m rows of `rows` floats; `x` holds m rows of k.
+            unsafe { rows_block(isa, x, m, &w, rows, k, Some(&bias), y.as_mut_ptr(), rows) };
+            y
+        };
+        for m in 1..=11 {
+            let x: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.23).cos()).collect();
+            for isa in crate::simd::isas()
+                .into_iter()
+                .filter(|&isa| isa != Isa::Portable)
+            {
+                let block = product(isa, &x, m);
+                for i in 0..m {
+                    let alone = product(isa, &x[i * k..(i + 1) * k], 1);
+                    assert_eq!(
+                        block[i * rows..(i + 1) * rows],
+                        alone,
+                        "{isa:?}: row {i} of {m}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn linear_nt_matches_a_plain_loop() {
         // Row counts on both sides of PACKED_MIN_ROWS and PORTABLE_PACKED_MIN_ROWS; widths
         // and depths with partial 64-column strips, partial 16-float vectors and more than
