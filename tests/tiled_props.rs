@@ -151,10 +151,11 @@ proptest! {
         prop_assert!(err <= 1e-5, "max abs error {err} for {c:?}");
     }
 
-    /// The decode path (few queries, up to 3,000 keys) equals the naive kernel in f32: to 1e-5,
-    /// or, over many keys, to the round-off of two sums of `S` terms in different orders
-    /// (each off by about `eps · sqrt(S) · max |v|`; a case of 2,314 keys at the portable level
-    /// differed by 1.24e-5, which no kernel error explains).
+    /// The decode path (few queries, up to 3,000 keys) equals the naive kernel in f32: to 1e-5
+    /// up to 300 keys (the lengths the other f32 properties draw), and beyond to 1e-5 ·
+    /// sqrt(S / 300), as the round-off of two sums of `S` terms taken in different orders
+    /// grows (a case of 2,314 keys at the portable level differed by 1.24e-5; its bound is
+    /// 2.8e-5).
     #[test]
     fn decode_matches_naive_f32(c in case_strategy(), l in 1usize..=few_queries::MAX_QUERIES, s in 1usize..3000) {
         let c = Case { l, s, ..c };
@@ -164,8 +165,7 @@ proptest! {
         let cfg = TiledConfig { block_k: Some(c.block_k), isa: Some(c.isa), ..Default::default() };
         let got = few_queries::attention_with(&q, &k, &v, &parts(&mask, &q, &k), scale_of(&c), &cfg).unwrap();
         let err = max_abs_diff(&got, &want);
-        let vmax = v.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
-        let tol = 1e-5f32.max(4.0 * f32::EPSILON * (s as f32).sqrt() * vmax);
+        let tol = 1e-5 * (s as f32 / 300.0).sqrt().max(1.0);
         prop_assert!(err <= tol, "max abs error {err} > {tol} for {c:?}");
     }
 
