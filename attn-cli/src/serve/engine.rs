@@ -186,8 +186,13 @@ impl Engine {
         if models.is_empty() {
             anyhow::bail!("no model to serve: give at least one --model")
         }
-        if options.max_batch_tokens == Some(0) || options.max_batch_rows == 0 {
-            anyhow::bail!("--max-batch-tokens and --max-batch-rows must be at least 1")
+        if options.max_batch_tokens == Some(0) {
+            anyhow::bail!(
+                "--max-batch-tokens must be at least 1 (leave it out to size it from the memory at rest)"
+            )
+        }
+        if options.max_batch_rows == 0 {
+            anyhow::bail!("--max-batch-rows must be at least 1")
         }
         let mut translators = Vec::new();
         let mut routes: HashMap<(String, String), Route> = HashMap::new();
