@@ -111,6 +111,16 @@ impl PagedKv {
         )
     }
 
+    /// Head `head`'s keys (`d` floats) and values (`dv`) in `slot`.
+    fn head_of(&self, slot: u32, head: usize) -> (&[f32], &[f32]) {
+        let (ks, vs) = self.slot(slot);
+        let (d, dv) = (self.d, self.dv);
+        (
+            &ks[head * d..(head + 1) * d],
+            &vs[head * dv..(head + 1) * dv],
+        )
+    }
+
     fn slot_mut(&mut self, slot: u32) -> (&mut [f32], &mut [f32]) {
         let (chunk, i) = (
             slot as usize / SLOTS_PER_CHUNK,
@@ -217,13 +227,7 @@ impl GatherHeads for PagedKv {
         // overlaps those misses with the copies: the copies' share of a 32-client serving
         // load (`examples/continuous_load`, `perf`) fell from 6.6-7.4% to 4.7%. Further ahead
         // (16) was no better.
-        let head_of = |slot: u32| {
-            let (ks, vs) = self.slot(slot);
-            (
-                &ks[head * d..(head + 1) * d],
-                &vs[head * dv..(head + 1) * dv],
-            )
-        };
+        let head_of = |slot: u32| self.head_of(slot, head);
         let prefetch = |slot: u32| {
             let (k, v) = head_of(slot);
             prefetch_lines(k.as_ptr().cast(), size_of_val(k), NearCache::L1);
@@ -245,6 +249,24 @@ impl GatherHeads for PagedKv {
             let (ks, vs) = head_of(slot);
             k.copy_from_slice(ks);
             v.copy_from_slice(vs);
+        }
+    }
+
+    fn head_rows(
+        &self,
+        row: usize,
+        head: usize,
+        keys: &mut [*const f32],
+        values: &mut [*const f32],
+    ) {
+        for ((&slot, k), v) in self.rows[row].iter().zip(keys).zip(values) {
+            let (ks, vs) = self.head_of(slot, head);
+            // Every position is asked for at once, before the kernels read them where they
+            // lie: their misses (the weights streamed since evicted them) overlap.
+            prefetch_lines(ks.as_ptr().cast(), size_of_val(ks), NearCache::L1);
+            prefetch_lines(vs.as_ptr().cast(), size_of_val(vs), NearCache::L1);
+            *k = ks.as_ptr();
+            *v = vs.as_ptr();
         }
     }
 }

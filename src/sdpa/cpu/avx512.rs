@@ -14,7 +14,7 @@
 
 #![allow(clippy::too_many_arguments)]
 
-use super::tile::BQ;
+use super::tile::{ByStride, RowAddr, BQ};
 use crate::simd::avx512::{exp2_ps, lanes16, load, store, sums_16, transpose_16x16};
 use core::arch::x86_64::*;
 
@@ -346,11 +346,45 @@ pub(super) unsafe fn update_sums<const NV: usize>(
 /// floats; `v` for `(nk - 1) * vs + dv` floats (when `nk > 0`); rows `i < nq` of `o` (`dv`
 /// floats at `o + i * os`) readable and writable; `alpha` readable for `nq` floats.
 #[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn pv(
     st: *const f32,
     nk: usize,
     v: *const f32,
     vs: usize,
+    dv: usize,
+    o: *mut f32,
+    os: usize,
+    nq: usize,
+    alpha: *const f32,
+    first: bool,
+) {
+    // SAFETY: the caller's contract, rows at stride `vs`.
+    pv_rows(
+        st,
+        nk,
+        ByStride { ptr: v, stride: vs },
+        dv,
+        o,
+        os,
+        nq,
+        alpha,
+        first,
+    )
+}
+
+/// [`pv`] with the value rows wherever `v` says they lie (the same floats as [`pv`] on the
+/// same rows copied one after the other).
+///
+/// # Safety
+/// As [`pv`], with value row `j < nk` readable for `dv` floats at `v.row(j)`.
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub unsafe fn pv_rows<V: RowAddr>(
+    st: *const f32,
+    nk: usize,
+    v: V,
     dv: usize,
     o: *mut f32,
     os: usize,
@@ -371,16 +405,16 @@ pub unsafe fn pv(
         // AVX-512 suppresses faults on them).
         // Whole vectors (the common case) take unmasked loads and stores: on Intel cores a
         // masked load costs an extra vector µop on the FMA ports.
-        let (vc, oc) = (v.add(c0), o.add(c0));
+        let (vc, oc) = (v.cols(c0), o.add(c0));
         match (nvv, last == 16) {
-            (1, false) => pv_cols::<1, false>(st, nk, vc, vs, os, oc, nq, alpha, tail, first),
-            (2, false) => pv_cols::<2, false>(st, nk, vc, vs, os, oc, nq, alpha, tail, first),
-            (3, false) => pv_cols::<3, false>(st, nk, vc, vs, os, oc, nq, alpha, tail, first),
-            (_, false) => pv_cols::<4, false>(st, nk, vc, vs, os, oc, nq, alpha, tail, first),
-            (1, true) => pv_cols::<1, true>(st, nk, vc, vs, os, oc, nq, alpha, tail, first),
-            (2, true) => pv_cols::<2, true>(st, nk, vc, vs, os, oc, nq, alpha, tail, first),
-            (3, true) => pv_cols::<3, true>(st, nk, vc, vs, os, oc, nq, alpha, tail, first),
-            (_, true) => pv_cols::<4, true>(st, nk, vc, vs, os, oc, nq, alpha, tail, first),
+            (1, false) => pv_cols::<1, false, V>(st, nk, vc, os, oc, nq, alpha, tail, first),
+            (2, false) => pv_cols::<2, false, V>(st, nk, vc, os, oc, nq, alpha, tail, first),
+            (3, false) => pv_cols::<3, false, V>(st, nk, vc, os, oc, nq, alpha, tail, first),
+            (_, false) => pv_cols::<4, false, V>(st, nk, vc, os, oc, nq, alpha, tail, first),
+            (1, true) => pv_cols::<1, true, V>(st, nk, vc, os, oc, nq, alpha, tail, first),
+            (2, true) => pv_cols::<2, true, V>(st, nk, vc, os, oc, nq, alpha, tail, first),
+            (3, true) => pv_cols::<3, true, V>(st, nk, vc, os, oc, nq, alpha, tail, first),
+            (_, true) => pv_cols::<4, true, V>(st, nk, vc, os, oc, nq, alpha, tail, first),
         }
         c0 += 64;
     }
@@ -393,11 +427,10 @@ pub unsafe fn pv(
 /// `alpha` for `nq`; the columns named above of `v` rows `j < nk` (stride `vs`) readable and
 /// of `o` rows `i < nq` (stride `ostride`) readable and writable.
 #[inline(always)]
-unsafe fn pv_cols<const NV: usize, const FULL: bool>(
+unsafe fn pv_cols<const NV: usize, const FULL: bool, V: RowAddr>(
     st: *const f32,
     nk: usize,
-    v: *const f32,
-    vs: usize,
+    v: V,
     ostride: usize,
     o: *mut f32,
     nq: usize,
@@ -409,11 +442,10 @@ unsafe fn pv_cols<const NV: usize, const FULL: bool>(
     while i + RP <= nq {
         // SAFETY: rows i .. i + RP exist (i + RP <= nq): `st.add(i)` read at j * BQ + r with
         // i + r < nq <= BQ stays in nk * BQ; `o` and `alpha` rows i + r < nq.
-        pv_tile::<NV, RP, FULL>(
+        pv_tile::<NV, RP, FULL, V>(
             st.add(i),
             nk,
             v,
-            vs,
             ostride,
             o.add(i * ostride),
             alpha.add(i),
@@ -425,11 +457,11 @@ unsafe fn pv_cols<const NV: usize, const FULL: bool>(
     // SAFETY: as in the loop, for the remaining nq - i < RP rows (i <= nq).
     let (si, oi, ai) = (st.add(i), o.add(i * ostride), alpha.add(i));
     match nq - i {
-        1 => pv_tile::<NV, 1, FULL>(si, nk, v, vs, ostride, oi, ai, tail, first),
-        2 => pv_tile::<NV, 2, FULL>(si, nk, v, vs, ostride, oi, ai, tail, first),
-        3 => pv_tile::<NV, 3, FULL>(si, nk, v, vs, ostride, oi, ai, tail, first),
-        4 => pv_tile::<NV, 4, FULL>(si, nk, v, vs, ostride, oi, ai, tail, first),
-        5 => pv_tile::<NV, 5, FULL>(si, nk, v, vs, ostride, oi, ai, tail, first),
+        1 => pv_tile::<NV, 1, FULL, V>(si, nk, v, ostride, oi, ai, tail, first),
+        2 => pv_tile::<NV, 2, FULL, V>(si, nk, v, ostride, oi, ai, tail, first),
+        3 => pv_tile::<NV, 3, FULL, V>(si, nk, v, ostride, oi, ai, tail, first),
+        4 => pv_tile::<NV, 4, FULL, V>(si, nk, v, ostride, oi, ai, tail, first),
+        5 => pv_tile::<NV, 5, FULL, V>(si, nk, v, ostride, oi, ai, tail, first),
         _ => {}
     }
 }
@@ -441,11 +473,10 @@ unsafe fn pv_cols<const NV: usize, const FULL: bool>(
 /// floats; the columns of [`pv_cols`] of `v` rows `j < nk` readable and of `o` rows `r < R`
 /// (stride `ostride`) readable and writable.
 #[inline(always)]
-unsafe fn pv_tile<const NV: usize, const R: usize, const FULL: bool>(
+unsafe fn pv_tile<const NV: usize, const R: usize, const FULL: bool, V: RowAddr>(
     st: *const f32,
     nk: usize,
-    v: *const f32,
-    vs: usize,
+    v: V,
     ostride: usize,
     o: *mut f32,
     alpha: *const f32,
@@ -465,7 +496,7 @@ unsafe fn pv_tile<const NV: usize, const R: usize, const FULL: bool>(
         }
     }
     for j in 0..nk {
-        let vr = v.add(j * vs);
+        let vr = v.row(j);
         let mut vv = [_mm512_setzero_ps(); NV];
         for (c, vv) in vv.iter_mut().enumerate() {
             *vv = load(masked(c), tail, vr.add(16 * c));
@@ -498,6 +529,7 @@ unsafe fn pv_tile<const NV: usize, const R: usize, const FULL: bool>(
 /// readable for `(nk - 1) * ks + d` floats (when `nk > 0`); `st` writable for `nk * BQ`
 /// floats.
 #[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn scores_few(
     q: *const f32,
     qs: usize,
@@ -509,6 +541,28 @@ pub unsafe fn scores_few(
     st: *mut f32,
     c: f32,
 ) {
+    // SAFETY: the caller's contract, rows at stride `ks`.
+    scores_few_rows(q, qs, nq, d, ByStride { ptr: k, stride: ks }, nk, st, c)
+}
+
+/// [`scores_few`] with the key rows wherever `k` says they lie (the same floats as
+/// [`scores_few`] on the same rows copied one after the other).
+///
+/// # Safety
+/// As [`scores_few`], with key row `j < nk` readable for `d` floats at `k.row(j)`.
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub unsafe fn scores_few_rows<K: RowAddr>(
+    q: *const f32,
+    qs: usize,
+    nq: usize,
+    d: usize,
+    k: K,
+    nk: usize,
+    st: *mut f32,
+    c: f32,
+) {
     let mut j = 0;
     while j < nk {
         let keys = (nk - j).min(16);
@@ -516,15 +570,15 @@ pub unsafe fn scores_few(
         for r in 0..keys {
             _mm512_storeu_ps(st.add((j + r) * BQ), _mm512_setzero_ps());
         }
-        let kj = k.add(j * ks);
+        let kj = k.skip(j);
         let sj = st.add(j * BQ);
         // SAFETY: the caller's contract for keys j .. j + keys, with `keys` in 1..=16 and the
         // quads rounded up to cover them.
         match keys.div_ceil(4) {
-            1 => score_group::<1>(q, qs, nq, d, kj, ks, keys, sj, c),
-            2 => score_group::<2>(q, qs, nq, d, kj, ks, keys, sj, c),
-            3 => score_group::<3>(q, qs, nq, d, kj, ks, keys, sj, c),
-            _ => score_full_group(q, qs, nq, d, kj, ks, keys, sj, c),
+            1 => score_group::<1, K>(q, qs, nq, d, kj, keys, sj, c),
+            2 => score_group::<2, K>(q, qs, nq, d, kj, keys, sj, c),
+            3 => score_group::<3, K>(q, qs, nq, d, kj, keys, sj, c),
+            _ => score_full_group(q, qs, nq, d, kj, keys, sj, c),
         }
         j += keys;
     }
@@ -540,19 +594,18 @@ pub unsafe fn scores_few(
 /// As [`scores_few`] for keys `0 .. keys` from `k` and `st`, with `13 <= keys <= 16`.
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn score_full_group(
+unsafe fn score_full_group<K: RowAddr>(
     q: *const f32,
     qs: usize,
     nq: usize,
     d: usize,
-    k: *const f32,
-    ks: usize,
+    k: K,
     keys: usize,
     st: *mut f32,
     c: f32,
 ) {
     // SAFETY: the caller's contract.
-    score_group::<4>(q, qs, nq, d, k, ks, keys, st, c)
+    score_group::<4, K>(q, qs, nq, d, k, keys, st, c)
 }
 
 /// [`scores_few`] for one group of `keys <= 4 · QUADS` keys (`keys > 4 · (QUADS - 1)`): `4 ·
@@ -564,13 +617,12 @@ unsafe fn score_full_group(
 /// As [`scores_few`] for keys `0 .. keys` from `k` and `st`, with `1 <= keys <= 4 · QUADS <= 16`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn score_group<const QUADS: usize>(
+unsafe fn score_group<const QUADS: usize, K: RowAddr>(
     q: *const f32,
     qs: usize,
     nq: usize,
     d: usize,
-    k: *const f32,
-    ks: usize,
+    k: K,
     keys: usize,
     st: *mut f32,
     c: f32,
@@ -584,7 +636,7 @@ unsafe fn score_group<const QUADS: usize>(
         for (r, acc) in acc.iter_mut().enumerate().take(4 * QUADS) {
             // SAFETY: key min(r, keys - 1) < keys: a row inside the contract; the lanes of
             // the masked tail past `d` are neither read nor faulted on.
-            let kr = k.add(r.min(keys - 1) * ks);
+            let kr = k.row(r.min(keys - 1));
             let mut c0 = 0;
             while c0 < d {
                 let masked = d - c0 < 16;

@@ -3,7 +3,7 @@
 //! `avx512`).
 
 use super::portable;
-use super::tile::{BQ, FEW_QUERIES};
+use super::tile::{ByTable, BQ, FEW_QUERIES};
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512};
 use crate::simd::Isa;
@@ -279,5 +279,77 @@ pub(super) unsafe fn pv(
         ),
         // SAFETY: the rows are the caller's contract.
         Isa::Portable => portable::pv::<false>(st, nk, v, vs, dv, o, os, nq, alpha, first),
+    }
+}
+
+/// The kernels that read a paged cache's keys and values where they lie ([`ByTable`] rows:
+/// each position's slot, instead of a copy of the head's rows in the task's scratch), at the
+/// levels that have them: the AVX-512 level. Their floats are the strided kernels' on the same
+/// rows ([`scores_few`], [`pv`]).
+#[derive(Clone, Copy)]
+pub(super) struct InPlace(());
+
+impl InPlace {
+    /// The in-place kernels of `isa`, if it has them.
+    pub(super) fn at(isa: Isa) -> Option<Self> {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => Some(Self(())),
+            _ => None,
+        }
+    }
+
+    /// [`scores_few`] over the `nk` key rows of `k` (`d` floats each).
+    ///
+    /// # Safety
+    /// Key row `j < nk` of `k` is readable for `d` floats.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn scores_few(
+        self,
+        q: &[f32],
+        qs: usize,
+        nq: usize,
+        d: usize,
+        k: ByTable,
+        nk: usize,
+        st: &mut [f32],
+        c: f32,
+    ) {
+        assert!((1..=FEW_QUERIES).contains(&nq) && q.len() >= (nq - 1) * qs + d);
+        assert!(st.len() >= nk * BQ);
+        // SAFETY: `InPlace` exists only at the AVX-512 level (avx512f detected, see `Isa`);
+        // the asserts above and the caller's rows are the preconditions of
+        // `avx512::scores_few_rows`.
+        #[cfg(target_arch = "x86_64")]
+        avx512::scores_few_rows(q.as_ptr(), qs, nq, d, k, nk, st.as_mut_ptr(), c);
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (q, qs, nq, d, k, nk, st, c);
+    }
+
+    /// [`pv`] over the `nk` value rows of `v` (`dv` floats each).
+    ///
+    /// # Safety
+    /// Value row `j < nk` of `v` is readable for `dv` floats, and the rows of `o` as for
+    /// [`pv`].
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn pv(
+        self,
+        st: &[f32],
+        nk: usize,
+        v: ByTable,
+        dv: usize,
+        o: *mut f32,
+        os: usize,
+        nq: usize,
+        alpha: &[f32],
+        first: bool,
+    ) {
+        assert!(nq <= BQ && st.len() >= nk * BQ && alpha.len() >= nq && (nq <= 1 || dv <= os));
+        // SAFETY: as for `scores_few` above, and the rows of `o` (the caller's contract) for
+        // `avx512::pv_rows`.
+        #[cfg(target_arch = "x86_64")]
+        avx512::pv_rows(st.as_ptr(), nk, v, dv, o, os, nq, alpha.as_ptr(), first);
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (st, nk, v, dv, o, os, nq, alpha, first);
     }
 }

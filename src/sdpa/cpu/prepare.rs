@@ -15,6 +15,18 @@ pub(crate) trait GatherHeads: Send + Sync {
     /// Copies the keys `(S, D)` and values `(S, Dv)` of key/value head `head` of batch row
     /// `row` into `keys` (`S · D` floats) and `values` (`S · Dv`), position after position.
     fn gather_head(&self, row: usize, head: usize, keys: &mut [f32], values: &mut [f32]);
+
+    /// Where the keys (`D` floats each) and values (`Dv`) of key/value head `head` of batch
+    /// row `row` lie, position after position: `keys[p]` and `values[p]` for the `S`
+    /// positions, valid as long as `self` is borrowed (the rows [`GatherHeads::gather_head`]
+    /// copies). May ask the CPU to bring them nearer (a hint).
+    fn head_rows(
+        &self,
+        row: usize,
+        head: usize,
+        keys: &mut [*const f32],
+        values: &mut [*const f32],
+    );
 }
 
 /// Inputs validated, in their own dtype with a unit-stride last dimension (masks as `f32`).

@@ -522,6 +522,20 @@ impl super::paged::GatherHeads for SharedSlots {
                 .copy_from_slice(&self.values[slot][head * dv..(head + 1) * dv]);
         }
     }
+
+    fn head_rows(
+        &self,
+        row: usize,
+        head: usize,
+        keys: &mut [*const f32],
+        values: &mut [*const f32],
+    ) {
+        let (d, dv) = (self.d, self.dv);
+        for (p, &slot) in self.rows[row].iter().enumerate() {
+            keys[p] = self.keys[slot][head * d..].as_ptr();
+            values[p] = self.values[slot][head * dv..].as_ptr();
+        }
+    }
 }
 
 /// Attention over keys and values in shared slots gives, bit for bit, what the few-queries

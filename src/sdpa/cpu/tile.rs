@@ -12,6 +12,84 @@ pub const BQ: usize = 64;
 /// new token per sequence and head.
 pub(crate) const FEW_QUERIES: usize = 4;
 
+/// Where a micro-kernel finds the rows of keys or values (`f32`, the head dimension
+/// contiguous in each row): one after the other at a fixed stride ([`ByStride`]), or each at an
+/// address of its own ([`ByTable`]: a paged cache's slots, read where they lie instead of
+/// copied together first). Kernels generic over it do the same arithmetic either way.
+pub(crate) trait RowAddr: Copy {
+    /// Row `j`'s first float (from the current column).
+    ///
+    /// # Safety
+    /// Row `j` exists (the caller's contract with the kernel).
+    unsafe fn row(self, j: usize) -> *const f32;
+    /// The rows from row `j` on.
+    ///
+    /// # Safety
+    /// As [`RowAddr::row`].
+    unsafe fn skip(self, j: usize) -> Self;
+    /// The same rows from column `c` on.
+    ///
+    /// # Safety
+    /// Column `c` lies inside every row the kernel reads.
+    unsafe fn cols(self, c: usize) -> Self;
+}
+
+/// Rows `stride` floats apart from `ptr`.
+#[derive(Clone, Copy)]
+pub(crate) struct ByStride {
+    pub ptr: *const f32,
+    pub stride: usize,
+}
+
+impl RowAddr for ByStride {
+    #[inline(always)]
+    unsafe fn row(self, j: usize) -> *const f32 {
+        self.ptr.add(j * self.stride)
+    }
+    #[inline(always)]
+    unsafe fn skip(self, j: usize) -> Self {
+        Self {
+            ptr: self.ptr.add(j * self.stride),
+            stride: self.stride,
+        }
+    }
+    #[inline(always)]
+    unsafe fn cols(self, c: usize) -> Self {
+        Self {
+            ptr: self.ptr.add(c),
+            stride: self.stride,
+        }
+    }
+}
+
+/// Row `j` at `rows[j]`, from column `col`.
+#[derive(Clone, Copy)]
+pub(crate) struct ByTable {
+    pub rows: *const *const f32,
+    pub col: usize,
+}
+
+impl RowAddr for ByTable {
+    #[inline(always)]
+    unsafe fn row(self, j: usize) -> *const f32 {
+        (*self.rows.add(j)).add(self.col)
+    }
+    #[inline(always)]
+    unsafe fn skip(self, j: usize) -> Self {
+        Self {
+            rows: self.rows.add(j),
+            col: self.col,
+        }
+    }
+    #[inline(always)]
+    unsafe fn cols(self, c: usize) -> Self {
+        Self {
+            rows: self.rows,
+            col: self.col + c,
+        }
+    }
+}
+
 /// Keys per block when [`TiledConfig::block_k`] is `None`, by instruction set. AVX2 takes
 /// fewer: its key block, value block and score tile (`block_k × 64` floats each) then fit
 /// Zen 3's 32 KiB L1 two at a time (64 keys ran 2–4% faster than 128 there, N = 512–4096);

@@ -3,9 +3,11 @@
 //! few-queries kernel), with the per-head key/value copies that several tasks share.
 
 use super::half::{self, Kind};
-use super::kernels::{add_key_bias, pv, scores, scores_few, softmax_update, transpose_queries};
+use super::kernels::{
+    add_key_bias, pv, scores, scores_few, softmax_update, transpose_queries, InPlace,
+};
 use super::prepare::{Data, Dims, Inputs, OutBlock, OutRows, Prepared, Rows, Strided};
-use super::tile::{TiledConfig, BQ, FEW_QUERIES};
+use super::tile::{ByTable, RowAddr, TiledConfig, BQ, FEW_QUERIES};
 use crate::mask::MaskParts;
 use crate::simd::{with_scratch, Isa};
 use candle::Tensor;
@@ -331,14 +333,49 @@ pub(crate) unsafe fn query_group(
     // Grouped-query attention: the H / Hkv consecutive query heads of a group share one
     // key/value head, read in place (never repeated per query head).
     let kv_head = h / (inp.dims.h / inp.dims.hkv);
+    // A paged cache read in place where the level has kernels for it and every query block
+    // is read in place by the row-wise score kernel (decoding): the kernels take each
+    // position's keys and values from its slot, through a table of their addresses in the
+    // scratch, with the arithmetic of the strided kernels (the same floats).
+    let in_place = match inp.paged {
+        Some(_) if subs.iter().flatten().all(|sub| sub.rows.is_some()) => InPlace::at(isa),
+        _ => None,
+    };
+    let mut tables: Option<(ByTable, ByTable, InPlace)> = None;
     let (k, ksr, v, vsr) = match inp.paged {
-        // The head's keys and values copied in position order into contiguous rows: the
-        // micro-kernels below read them as they read a contiguous cache's, so the result is
-        // the same floats.
         Some(paged) => {
-            let (keys, values) = gathered.split_at_mut(inp.dims.s * d);
-            paged.gather_head(b, kv_head, keys, values);
-            (Data::F32(keys), d, Data::F32(values), dv)
+            let s = inp.dims.s;
+            // SAFETY: every bit pattern is a valid raw pointer, and the middle part that
+            // `align_to_mut` returns holds only whole, aligned ones.
+            let (_, table, _) = unsafe { gathered.align_to_mut::<*const f32>() };
+            match in_place {
+                Some(kernels) if table.len() >= 2 * s => {
+                    let (keys, rest) = table.split_at_mut(s);
+                    let values = &mut rest[..s];
+                    paged.head_rows(b, kv_head, keys, values);
+                    let (rows_k, rows_v) = (keys.as_ptr(), values.as_ptr());
+                    tables = Some((
+                        ByTable {
+                            rows: rows_k,
+                            col: 0,
+                        },
+                        ByTable {
+                            rows: rows_v,
+                            col: 0,
+                        },
+                        kernels,
+                    ));
+                    (Data::F32(&[]), d, Data::F32(&[]), dv)
+                }
+                // The head's keys and values copied in position order into contiguous rows:
+                // the micro-kernels below read them as they read a contiguous cache's, so the
+                // result is the same floats.
+                _ => {
+                    let (keys, values) = gathered.split_at_mut(s * d);
+                    paged.gather_head(b, kv_head, keys, values);
+                    (Data::F32(keys), d, Data::F32(values), dv)
+                }
+            }
         }
         None => {
             let (k, ksr) = match copy.keys {
@@ -365,10 +402,18 @@ pub(crate) unsafe fn query_group(
                 continue;
             }
         }
-        let kv = match copy.values {
+        let kv = match (tables, copy.values) {
+            // SAFETY: keys j0 .. j0 + nk_block < S of the head's tables of S rows.
+            (Some((k, v, kernels)), _) => unsafe {
+                BlockKv::Table {
+                    k: k.skip(j0),
+                    v: v.skip(j0),
+                    kernels,
+                }
+            },
             // Key pairs from key 0 and an even `j0`: pair `j0 / 2` starts this block.
             #[cfg(target_arch = "x86_64")]
-            Some(vp) => match k {
+            (None, Some(vp)) => match k {
                 Data::Half(k) => BlockKv::Dot {
                     k: &k[j0 * ksr..],
                     ks: ksr,
@@ -376,7 +421,7 @@ pub(crate) unsafe fn query_group(
                 },
                 Data::F32(_) => unreachable!("packed values come with bf16 keys"),
             },
-            _ => block_kv(isa, kind, k, ksr, v, vsr, j0, nk_block, (d, dv), tile),
+            (None, _) => block_kv(isa, kind, k, ksr, v, vsr, j0, nk_block, (d, dv), tile),
         };
         for (si, sub) in subs.iter_mut().enumerate() {
             let Some(sub) = sub else { break };
@@ -394,6 +439,14 @@ pub(crate) unsafe fn query_group(
                 #[cfg(target_arch = "x86_64")]
                 BlockKv::Dot { k, ks, .. } => {
                     half::dot::scores(kind, sub.qt, d, k, ks, nk, st, nv, inp.qscale)
+                }
+                BlockKv::Table { k, kernels, .. } => {
+                    let q = sub
+                        .rows
+                        .expect("tables are made only when every query block is read in place");
+                    // SAFETY: the table's rows j0 .. j0 + nk are slots of the paged cache,
+                    // `d` floats each, borrowed for this call.
+                    unsafe { kernels.scores_few(q, qsr, nq, d, k, nk, st, inp.qscale) }
                 }
             }
             if let Some(kb) = kb_row {
@@ -433,6 +486,12 @@ pub(crate) unsafe fn query_group(
                     pv(
                         isa, st, nk, v, vs, dv, o_sub, o.stride, nq, sub.alpha, first,
                     )
+                }
+                // SAFETY: as above (the rows of `o_sub`), and the table's value rows j0 .. j0
+                // + nk, `dv` floats each in the paged cache's slots, borrowed for this call.
+                BlockKv::Table { v, kernels, .. } => {
+                    softmax_update(isa, st, nk, sub.m, sub.l, sub.alpha, nv, nq);
+                    kernels.pv(st, nk, v, dv, o_sub, o.stride, nq, sub.alpha, first)
                 }
                 // SAFETY: as above (the rows of `o_sub`).
                 #[cfg(target_arch = "x86_64")]
@@ -494,6 +553,13 @@ enum BlockKv<'t> {
         k: &'t [u16],
         ks: usize,
         vp: &'t [f32],
+    },
+    /// `f32` key and value rows of a paged cache where they lie (from key `j0`), and the
+    /// kernels that read them so.
+    Table {
+        k: ByTable,
+        v: ByTable,
+        kernels: InPlace,
     },
 }
 
