@@ -230,8 +230,7 @@ impl GatherHeads for PagedKv {
         let head_of = |slot: u32| self.head_of(slot, head);
         let prefetch = |slot: u32| {
             let (k, v) = head_of(slot);
-            prefetch_lines(k.as_ptr().cast(), size_of_val(k), NearCache::L1);
-            prefetch_lines(v.as_ptr().cast(), size_of_val(v), NearCache::L1);
+            prefetch_head(k, v);
         };
         positions
             .iter()
@@ -263,12 +262,17 @@ impl GatherHeads for PagedKv {
             let (ks, vs) = self.head_of(slot, head);
             // Every position is asked for at once, before the kernels read them where they
             // lie: their misses (the weights streamed since evicted them) overlap.
-            prefetch_lines(ks.as_ptr().cast(), size_of_val(ks), NearCache::L1);
-            prefetch_lines(vs.as_ptr().cast(), size_of_val(vs), NearCache::L1);
+            prefetch_head(ks, vs);
             *k = ks.as_ptr();
             *v = vs.as_ptr();
         }
     }
+}
+
+/// Asks for one head's keys and values of a slot in L1 (a hint).
+fn prefetch_head(keys: &[f32], values: &[f32]) {
+    prefetch_lines(keys.as_ptr().cast(), size_of_val(keys), NearCache::L1);
+    prefetch_lines(values.as_ptr().cast(), size_of_val(values), NearCache::L1);
 }
 
 /// Positions ahead of the copy whose slots [`PagedKv::gather_head`] asks the cache for.

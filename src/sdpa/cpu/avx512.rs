@@ -346,7 +346,6 @@ pub(super) unsafe fn update_sums<const NV: usize>(
 /// floats; `v` for `(nk - 1) * vs + dv` floats (when `nk > 0`); rows `i < nq` of `o` (`dv`
 /// floats at `o + i * os`) readable and writable; `alpha` readable for `nq` floats.
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn pv(
     st: *const f32,
     nk: usize,
@@ -379,7 +378,6 @@ pub unsafe fn pv(
 /// # Safety
 /// As [`pv`], with value row `j < nk` readable for `dv` floats at `v.row(j)`.
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
 #[inline]
 pub unsafe fn pv_rows<V: RowAddr>(
     st: *const f32,
@@ -529,7 +527,6 @@ unsafe fn pv_tile<const NV: usize, const R: usize, const FULL: bool, V: RowAddr>
 /// readable for `(nk - 1) * ks + d` floats (when `nk > 0`); `st` writable for `nk * BQ`
 /// floats.
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn scores_few(
     q: *const f32,
     qs: usize,
@@ -551,7 +548,6 @@ pub unsafe fn scores_few(
 /// # Safety
 /// As [`scores_few`], with key row `j < nk` readable for `d` floats at `k.row(j)`.
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
 #[inline]
 pub unsafe fn scores_few_rows<K: RowAddr>(
     q: *const f32,

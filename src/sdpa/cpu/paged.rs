@@ -12,9 +12,10 @@
 //! `S · (D + Dv)` floats, 32 KiB for 64 positions of 64-wide heads). Reading in place saved
 //! 1.7% of a serving step's time (the copies were 7.1% of a 32-client load's samples;
 //! `continuous_load` with the two paths on alternate steps, six pairs of runs, 0.978–0.993×,
-//! AMD EPYC Zen 4, 2026-12-07): most of a copy's time was the wait for the slots' lines,
-//! which the kernels now wait for instead. The rows of one sentence's beams are neighbours, so
-//! the positions they share are read from the cache after the first beam.
+//! AMD EPYC Zen 4 at the AVX-512 level, 2 threads, 2026-12-07): most of a copy's time was the
+//! wait for the slots' lines, which the kernels now wait for instead. The rows of one
+//! sentence's beams are neighbours, so the positions they share are read from the cache after
+//! the first beam.
 
 use super::few_queries::{key_chunks, MAX_QUERIES};
 use super::half::Kind;

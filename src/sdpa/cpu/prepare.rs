@@ -35,7 +35,7 @@ pub(crate) struct Prepared {
     /// Empty `(B, Hkv, 0, D)` tensors when the keys and values come from `paged`.
     k: Tensor,
     v: Tensor,
-    /// Keys and values held in a paged cache (`f32`), gathered head by head by each task.
+    /// Keys and values held in a paged cache (`f32`), read head by head by each task.
     paged: Option<Arc<dyn GatherHeads>>,
     key_bias: Option<Vec<f32>>,
     bias: Option<Tensor>,
@@ -161,8 +161,9 @@ pub(crate) struct Inputs<'a> {
     pub causal: Option<usize>,
     pub qscale: f32,
     pub dims: Dims,
-    /// Keys and values held in a paged cache: each task gathers its head's `S` positions into
-    /// its scratch ([`Inputs::paged_scratch_len`]) and reads them there (`k`, `v` are empty).
+    /// Keys and values held in a paged cache (`k`, `v` are empty): each task reads its head's
+    /// `S` positions in their slots through a table of addresses, or gathers them into its
+    /// scratch and reads them there ([`Inputs::paged_scratch_len`], which holds either).
     pub paged: Option<&'a dyn GatherHeads>,
 }
 
@@ -177,7 +178,8 @@ impl<'a> Inputs<'a> {
     }
 
     /// The scratch floats a task needs for gathering its head's keys and values from a paged
-    /// cache: `S · (D + Dv)`, or none when the keys and values are tensors.
+    /// cache: `S · (D + Dv)` (room for the `2 · S` addresses of reading them in place too,
+    /// whenever `D + Dv >= 6`), or none when the keys and values are tensors.
     pub fn paged_scratch_len(&self) -> usize {
         if self.paged.is_some() {
             self.dims.s * (self.dims.d + self.dims.dv)

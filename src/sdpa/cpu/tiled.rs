@@ -333,18 +333,15 @@ pub(crate) unsafe fn query_group(
     // Grouped-query attention: the H / Hkv consecutive query heads of a group share one
     // key/value head, read in place (never repeated per query head).
     let kv_head = h / (inp.dims.h / inp.dims.hkv);
-    // A paged cache read in place where the level has kernels for it and every query block
-    // is read in place by the row-wise score kernel (decoding): the kernels take each
-    // position's keys and values from its slot, through a table of their addresses in the
-    // scratch, with the arithmetic of the strided kernels (the same floats).
-    let in_place = match inp.paged {
-        Some(_) if subs.iter().flatten().all(|sub| sub.rows.is_some()) => InPlace::at(isa),
-        _ => None,
-    };
-    let mut tables: Option<(ByTable, ByTable, InPlace)> = None;
-    let (k, ksr, v, vsr) = match inp.paged {
+    let (k, ksr, v, vsr, tables) = match inp.paged {
         Some(paged) => {
             let s = inp.dims.s;
+            // Read in place where the level has kernels for it and every query block takes
+            // the row-wise score kernel (decoding): the kernels take each position's keys and
+            // values from its slot, through a table of their addresses in the scratch, with
+            // the arithmetic of the strided kernels (the same floats).
+            let in_place =
+                InPlace::at(isa).filter(|_| subs.iter().flatten().all(|sub| sub.rows.is_some()));
             // SAFETY: every bit pattern is a valid raw pointer, and the middle part that
             // `align_to_mut` returns holds only whole, aligned ones.
             let (_, table, _) = unsafe { gathered.align_to_mut::<*const f32>() };
@@ -353,19 +350,12 @@ pub(crate) unsafe fn query_group(
                     let (keys, rest) = table.split_at_mut(s);
                     let values = &mut rest[..s];
                     paged.head_rows(b, kv_head, keys, values);
-                    let (rows_k, rows_v) = (keys.as_ptr(), values.as_ptr());
-                    tables = Some((
-                        ByTable {
-                            rows: rows_k,
-                            col: 0,
-                        },
-                        ByTable {
-                            rows: rows_v,
-                            col: 0,
-                        },
-                        kernels,
-                    ));
-                    (Data::F32(&[]), d, Data::F32(&[]), dv)
+                    let rows = |rows: &[*const f32]| ByTable {
+                        rows: rows.as_ptr(),
+                        col: 0,
+                    };
+                    let tables = (rows(keys), rows(values), kernels);
+                    (Data::F32(&[]), d, Data::F32(&[]), dv, Some(tables))
                 }
                 // The head's keys and values copied in position order into contiguous rows:
                 // the micro-kernels below read them as they read a contiguous cache's, so the
@@ -373,7 +363,7 @@ pub(crate) unsafe fn query_group(
                 _ => {
                     let (keys, values) = gathered.split_at_mut(s * d);
                     paged.gather_head(b, kv_head, keys, values);
-                    (Data::F32(keys), d, Data::F32(values), dv)
+                    (Data::F32(keys), d, Data::F32(values), dv, None)
                 }
             }
         }
@@ -382,7 +372,7 @@ pub(crate) unsafe fn query_group(
                 Some(k) => (k, d),
                 None => (inp.k.head(b, kv_head), inp.k.sr()),
             };
-            (k, ksr, inp.v.head(b, kv_head), inp.v.sr())
+            (k, ksr, inp.v.head(b, kv_head), inp.v.sr(), None)
         }
     };
     let kb_row = inp
